@@ -1,0 +1,90 @@
+"""Every private torch API gact-fx touches, in one place.
+
+Checked on torch 2.13.0 (CPU build). When torch moves one of these, this is the only
+module to change. Imports of the heavier ones (Inductor, AOTAutograd) are deferred to
+the functions that need them so that ``import gact_fx`` stays light.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.fx.experimental.symbolic_shapes import optimization_hint as _optimization_hint
+
+TESTED_TORCH_VERSIONS = ("2.13",)
+
+
+def hint(value) -> int:
+    """A concrete int for an int or SymInt, without installing a guard."""
+    return int(_optimization_hint(value, fallback=8192)) if isinstance(value, torch.SymInt) else int(value)
+
+
+def detect_fake_mode(values):
+    from torch._guards import detect_fake_mode as _detect
+
+    return _detect(values)
+
+
+def partitioners():
+    """The two stock partitioners: ``(min_cut_rematerialization_partition, default_partition)``."""
+    from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
+
+    return min_cut_rematerialization_partition, default_partition
+
+
+def aot_autograd(**kwargs):
+    from torch._dynamo.backends.common import aot_autograd as _aot_autograd
+
+    return _aot_autograd(**kwargs)
+
+
+def inductor_decompositions():
+    from torch._inductor.decomposition import select_decomp_table
+
+    return select_decomp_table()
+
+
+def boxed_eager_compiler():
+    """A fw/bw 'compiler' that runs the FX graph as Python, with boxed arguments."""
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    def compile_eager(gm: torch.fx.GraphModule, example_inputs):
+        return make_boxed_func(gm.forward)
+
+    return compile_eager
+
+
+def inductor_compile_fx():
+    from torch._inductor.compile_fx import compile_fx
+
+    return compile_fx
+
+
+def custom_partitioner_base():
+    from torch._inductor.custom_graph_pass import CustomPartitionerFn
+
+    return CustomPartitionerFn
+
+
+def hash_files(paths) -> bytes:
+    from torch._inductor.custom_graph_pass import get_hash_for_files
+
+    return get_hash_for_files(tuple(paths))
+
+
+def functorch_config():
+    import torch._functorch.config as config
+
+    return config
+
+
+def saved_output_descriptor() -> type:
+    """The descriptor AOTAutograd tags saved forward outputs with."""
+    from torch._functorch._aot_autograd.descriptors import SavedForBackwardsAOTOutput
+
+    return SavedForBackwardsAOTOutput
+
+
+def extract_tensor_metadata(val):
+    from torch.fx.passes.shape_prop import _extract_tensor_metadata
+
+    return _extract_tensor_metadata(val)

@@ -1,0 +1,53 @@
+"""Run-time measurement of what autograd really keeps for backward.
+
+``SavedBytesMeter`` counts, through ``torch.autograd.graph.saved_tensors_hooks``, the
+bytes of every distinct storage saved while it is active (compiled graphs save their
+tensors through the same mechanism), leaving out the storages of given tensors
+(parameters and buffers, which are saved by reference and cost nothing extra).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+
+class SavedBytesMeter:
+    """``with SavedBytesMeter(exclude=model.parameters()) as meter: loss = model(x)``."""
+
+    def __init__(self, exclude: Iterable[torch.Tensor] = ()) -> None:
+        self._excluded = {t.untyped_storage().data_ptr() for t in exclude}
+        self._storages: dict[int, int] = {}
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        pointer = storage.data_ptr()
+        if pointer not in self._excluded and storage.nbytes():
+            self._storages[pointer] = storage.nbytes()
+        return tensor
+
+    def __enter__(self) -> SavedBytesMeter:
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hooks.__exit__(*exc)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self._storages.values())
+
+    @property
+    def num_storages(self) -> int:
+        return len(self._storages)
+
+
+def saved_activation_bytes(model: torch.nn.Module, *inputs, **kwargs) -> int:
+    """Bytes of activations one forward call of ``model`` saves for backward."""
+    exclude = [*model.parameters(), *model.buffers()]
+    with SavedBytesMeter(exclude=exclude) as meter:
+        output = model(*inputs, **kwargs)
+    del output
+    return meter.nbytes

@@ -1,0 +1,90 @@
+"""The gact partition function: stock partitioner, then find -> plan -> rewrite.
+
+AOTAutograd calls it with the joint graph; it returns the forward and backward graphs
+with the saved activations compressed, and hands a ``GraphRecord`` of what it did to
+its owner (the backend). It holds no global state.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import torch.fx as fx
+
+from ._compat import partitioners
+from .config import GactConfig
+from .passes.masks import hoist_comparisons
+from .passes.plan import PlanOptions, plan_compression
+from .passes.rewrite import apply_plan
+from .passes.saved import find_saved
+from .report import GraphRecord
+from .runtime.slots import allocate_slot
+
+log = logging.getLogger(__name__)
+
+
+def stock_partitioner(name: str) -> Callable:
+    min_cut, default = partitioners()
+    if name == "min_cut":
+        return functools.partial(min_cut, compiler="inductor")
+    return default
+
+
+class GactPartitioner:
+    """``partition_fn`` for AOTAutograd. ``on_record`` receives one record per graph."""
+
+    def __init__(
+        self,
+        config: GactConfig,
+        *,
+        graph_index: int,
+        compiler: str,
+        on_record: Callable[[GraphRecord], None],
+    ) -> None:
+        self.config = config
+        self.graph_index = graph_index
+        self.compiler = compiler
+        self.on_record = on_record
+
+    def __call__(
+        self,
+        joint: fx.GraphModule,
+        joint_inputs: Sequence[object],
+        *,
+        num_fwd_outputs: int,
+        static_lifetime_input_indices: Sequence[int] | None = None,
+        **kwargs,
+    ) -> tuple[fx.GraphModule, fx.GraphModule]:
+        kwargs.pop("compiler", None)  # Inductor passes it; stock_partitioner fixes it
+        fw, bw = stock_partitioner(self.config.partitioner)(
+            joint,
+            joint_inputs,
+            num_fwd_outputs=num_fwd_outputs,
+            static_lifetime_input_indices=static_lifetime_input_indices,
+            **kwargs,
+        )
+        started = time.perf_counter()
+        code_before = (fw.code, bw.code)
+        static_indices = static_lifetime_input_indices or ()
+        saved = baseline = find_saved(fw, bw, num_fwd_outputs, static_indices)
+        if self.config.enabled and hoist_comparisons(fw, bw, saved):
+            saved = find_saved(fw, bw, num_fwd_outputs, static_indices)
+        options = PlanOptions(
+            bits=self.config.bits,
+            group_size=self.config.group_size,
+            min_numel=self.config.min_numel,
+            compress_inputs=self.config.compress_inputs,
+            enabled=self.config.enabled,
+        )
+        plan = plan_compression(saved, options, allocate_slot=allocate_slot)
+        record = GraphRecord.build(
+            index=self.graph_index, compiler=self.compiler, config=self.config, baseline=baseline, saved=saved, plan=plan
+        )
+        apply_plan(fw, bw, saved, plan)
+        record.attach_code(before=code_before, after=(fw.code, bw.code))
+        record.pass_seconds = time.perf_counter() - started
+        self.on_record(record)
+        return fw, bw

@@ -1,0 +1,1 @@
+"""Graph passes: find saved activations, plan their compression, rewrite the graphs."""

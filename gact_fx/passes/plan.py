@@ -1,0 +1,241 @@
+"""Decide what to compress: from classified saved values to an immutable plan.
+
+The plan says, per storage root, which forward node gets quantized (the root, with
+the saved views replayed from it in backward, or each saved view on its own), at how
+many bits and in which slot; and, per saved value left alone, why. Nothing here
+touches a graph: ``rewrite.apply_plan`` does that.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+from .._compat import hint
+from ..runtime.ops import blob_nbytes
+from ..runtime.reference import FLOAT_DTYPES
+from .saved import SavedGraph, SavedKind, SavedValue
+from .views import AliasPath, foreign_inputs, is_symint_node
+
+COMPRESSIBLE_KINDS = (SavedKind.INTERMEDIATE, SavedKind.GRAPH_INPUT, SavedKind.VIEW_OF_INPUT)
+INPUT_KINDS = (SavedKind.GRAPH_INPUT, SavedKind.VIEW_OF_INPUT)
+_SKIP_REASONS = {
+    SavedKind.PARAMETER: "parameter or buffer: held by the model anyway",
+    SavedKind.VIEW_OF_PARAMETER: "view of a parameter: held by the model anyway",
+    SavedKind.MODEL_OUTPUT: "model output: held by the caller anyway",
+    SavedKind.VIEW_OF_OUTPUT: "shares storage with a model output",
+    SavedKind.SYMINT: "symbolic integer",
+    SavedKind.OPAQUE: "not a tensor",
+}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Hinted sizes and strides of a tensor, and the dimension order that makes it dense."""
+
+    shape: tuple[int, ...]
+    perm: tuple[int, ...]
+    dense: bool  # non-overlapping and without gaps in the order ``perm``
+    overlapping: bool  # some element is reachable twice (stride 0 on a dim > 1)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+def layout_of(val: torch.Tensor) -> Layout:
+    shape = tuple(hint(s) for s in val.shape)
+    strides = tuple(hint(s) for s in val.stride())
+    perm = tuple(sorted(range(len(shape)), key=lambda d: (-strides[d], d)))
+    expected, dense = 1, True
+    for dim in reversed(perm):
+        if shape[dim] != 1 and strides[dim] != expected:
+            dense = False
+        expected *= shape[dim]
+    overlapping = any(stride == 0 and size > 1 for size, stride in zip(shape, strides))
+    return Layout(shape, perm, dense, overlapping)
+
+
+def nbytes_of(val: torch.Tensor) -> int:
+    return layout_of(val).numel * val.element_size()
+
+
+@dataclass(frozen=True)
+class Member:
+    """A saved value served by a compression: rebuilt by replaying ``chain`` on the source."""
+
+    position: int
+    chain: tuple[fx.Node, ...]
+
+
+@dataclass(frozen=True)
+class Compression:
+    source: fx.Node  # forward node to quantize
+    members: tuple[Member, ...]
+    bits: int  # 1 for bool (lossless)
+    group_size: int
+    perm: tuple[int, ...]
+    slot: int
+    bytes_before: int  # full-precision bytes that saving kept alive (aliases once)
+    bytes_after: int  # blob bytes
+
+    @property
+    def name(self) -> str:
+        return self.source.name
+
+
+@dataclass(frozen=True)
+class Skip:
+    position: int
+    reason: str
+    bytes: int  # full-precision bytes kept; 0 for an alias already counted
+
+
+@dataclass(frozen=True)
+class CompressionPlan:
+    compressions: tuple[Compression, ...]
+    skips: tuple[Skip, ...]
+
+    def compression_for(self, position: int) -> Compression | None:
+        for compression in self.compressions:
+            if any(m.position == position for m in compression.members):
+                return compression
+        return None
+
+    def skip_for(self, position: int) -> Skip | None:
+        return next((s for s in self.skips if s.position == position), None)
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """What the planner needs from the user's config."""
+
+    bits: int
+    group_size: int
+    min_numel: int
+    compress_inputs: bool
+    enabled: bool = True
+
+
+# Chooses the bits of one compression source; receives its forward node name and the default.
+BitsChooser = Callable[[fx.Node, int], int]
+
+
+def _replayable(path: AliasPath) -> bool:
+    return all(is_symint_node(node) for node in foreign_inputs(path))
+
+
+def _group_by_root(values) -> dict[fx.Node, list[SavedValue]]:
+    groups: dict[fx.Node, list[SavedValue]] = {}
+    for value in values:
+        groups.setdefault(value.path.root, []).append(value)
+    return groups
+
+
+def _dtype_reason(val: torch.Tensor) -> str | None:
+    if val.dtype == torch.bool or val.dtype in FLOAT_DTYPES:
+        return None
+    return f"dtype {val.dtype} passes through"
+
+
+class _Planner:
+    def __init__(self, options: PlanOptions, allocate_slot: Callable[[], int], choose_bits: BitsChooser | None):
+        self.options = options
+        self.allocate_slot = allocate_slot
+        self.choose_bits = choose_bits
+        self.compressions: list[Compression] = []
+        self.skips: list[Skip] = []
+
+    def skip_group(self, members: list[SavedValue], reason: str, held_bytes: int) -> None:
+        for index, value in enumerate(members):
+            self.skips.append(Skip(value.position, reason, held_bytes if index == 0 else 0))
+
+    def compress(self, source: fx.Node, members: list[tuple[SavedValue, tuple]], held: int) -> None:
+        val = source.meta["val"]
+        if source.meta.get("gact", {}).get("role") == "hoisted_mask":
+            held = 0  # added by gact: not part of what the uncompressed graph saved
+        layout = layout_of(val)
+        if val.dtype == torch.bool:
+            bits = 1
+        else:
+            bits = self.options.bits
+            if self.choose_bits is not None:
+                bits = self.choose_bits(source, bits)
+        after = hint(blob_nbytes(layout.numel, val.dtype, bits, self.options.group_size))
+        self.compressions.append(
+            Compression(
+                source=source,
+                members=tuple(Member(value.position, chain) for value, chain in members),
+                bits=bits,
+                group_size=self.options.group_size,
+                perm=layout.perm,
+                slot=self.allocate_slot(),
+                bytes_before=held,
+                bytes_after=after,
+            )
+        )
+
+    def plan_group(self, root: fx.Node, members: list[SavedValue]) -> None:
+        root_val = root.meta["val"]
+        held = nbytes_of(root_val)
+        kind = members[0].kind
+        if not self.options.enabled:
+            self.skip_group(members, "gact disabled (baseline)", held)
+            return
+        if kind in INPUT_KINDS and not self.options.compress_inputs:
+            self.skip_group(members, "graph input (compress_inputs=False)", held)
+            return
+        root_saved = any(not v.path.is_view for v in members)
+        replay_ok = layout_of(root_val).dense and all(_replayable(v.path) for v in members)
+        separate_ok = all(not layout_of(v.val).overlapping for v in members)
+        separate_numel = sum(layout_of(v.val).numel for v in members)
+        use_root = replay_ok and (root_saved or not separate_ok or layout_of(root_val).numel <= separate_numel)
+        if not use_root and not separate_ok:
+            self.skip_group(members, "overlapping view whose view chain cannot be replayed", held)
+            return
+        sources = [(root, [(v, v.path.chain) for v in members])] if use_root else [
+            (v.node, [(v, ())]) for v in members
+        ]
+        for index, (source, served) in enumerate(sources):
+            val = source.meta["val"]
+            reason = _dtype_reason(val)
+            numel = layout_of(val).numel
+            if reason is None and numel < max(self.options.min_numel, 1):
+                reason = f"{numel} elements < min_numel={self.options.min_numel}"
+            share = held if index == 0 else 0
+            if reason is not None:
+                self.skip_group([v for v, _ in served], reason, share)
+            else:
+                self.compress(source, served, share)
+
+
+def plan_compression(
+    saved: SavedGraph,
+    options: PlanOptions,
+    *,
+    allocate_slot: Callable[[], int],
+    choose_bits: BitsChooser | None = None,
+) -> CompressionPlan:
+    """Decide, for every saved value, whether and how it is compressed.
+
+    ``allocate_slot`` numbers each compression (``runtime.slots.allocate_slot`` in the
+    backend; a plain counter in tests).
+    """
+    planner = _Planner(options, allocate_slot, choose_bits)
+    compressible = [v for v in saved.values if v.kind in COMPRESSIBLE_KINDS]
+    for value in saved.values:
+        if value.kind not in COMPRESSIBLE_KINDS:
+            planner.skips.append(Skip(value.position, _SKIP_REASONS[value.kind], 0))
+    for root, members in _group_by_root(compressible).items():
+        planner.plan_group(root, members)
+    return CompressionPlan(tuple(planner.compressions), tuple(sorted(planner.skips, key=lambda s: s.position)))
+
+
+def activation_nbytes(saved: SavedGraph) -> int:
+    """Bytes the saved activations keep alive uncompressed, each storage root once."""
+    roots = {v.path.root for v in saved.values if v.kind in COMPRESSIBLE_KINDS}
+    return sum(nbytes_of(root.meta["val"]) for root in roots)

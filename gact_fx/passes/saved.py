@@ -1,0 +1,143 @@
+"""Find the values a partitioned forward graph saves for backward, and classify each.
+
+AOTAutograd's contract (torch 2.13): the forward graph returns
+``[real outputs (num_fwd_outputs) | saved tensors | saved SymInts]`` and the backward
+graph's placeholders are ``[saved SymInts | saved tensors | tangents ...]``, position
+for position and name for name. ``find_saved`` reads that contract, checks it, and
+returns one ``SavedValue`` per saved entry with its class:
+
+* intermediate: computed in this graph (possibly through views): the activations;
+* graph input / view of input: a non-static input, which is how activations cross a
+  graph break;
+* parameter / view of parameter: a static input (parameter or buffer);
+* model output / view of output: shares storage with a real output, the caller holds it;
+* symint / opaque: not a tensor.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+from .views import AliasPath, alias_path
+
+
+class SavedKind(str, enum.Enum):
+    INTERMEDIATE = "intermediate"
+    GRAPH_INPUT = "graph input"
+    VIEW_OF_INPUT = "view of input"
+    PARAMETER = "parameter"
+    VIEW_OF_PARAMETER = "view of parameter"
+    MODEL_OUTPUT = "model output"
+    VIEW_OF_OUTPUT = "view of output"
+    SYMINT = "symint"
+    OPAQUE = "opaque"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class SavedValue:
+    """One entry of the forward graph's saved section."""
+
+    position: int  # index within the saved section (after the real outputs)
+    node: fx.Node  # the forward node that is saved
+    bw_placeholder: fx.Node  # the backward placeholder that receives it
+    kind: SavedKind
+    path: AliasPath | None  # storage root and view chain; None for non-tensors
+
+    @property
+    def val(self):
+        return self.node.meta.get("val")
+
+
+@dataclass(frozen=True)
+class SavedGraph:
+    """The saved section of a forward/backward pair."""
+
+    values: tuple[SavedValue, ...]
+    num_fwd_outputs: int
+
+    @property
+    def tensors(self) -> tuple[SavedValue, ...]:
+        return tuple(v for v in self.values if v.kind not in (SavedKind.SYMINT, SavedKind.OPAQUE))
+
+    @property
+    def symints(self) -> tuple[SavedValue, ...]:
+        return tuple(v for v in self.values if v.kind is SavedKind.SYMINT)
+
+
+def output_node(gm: fx.GraphModule) -> fx.Node:
+    return gm.graph.find_nodes(op="output")[0]
+
+
+def _is_sym(node) -> bool:
+    return isinstance(node, fx.Node) and isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool, int))
+
+
+def _static_placeholders(fw: fx.GraphModule, static_indices: Sequence[int]) -> set[fx.Node]:
+    placeholders = fw.graph.find_nodes(op="placeholder")
+    wanted = set(static_indices)
+    static = set()
+    for position, node in enumerate(placeholders):
+        desc = node.meta.get("desc")
+        index = getattr(desc, "idx", position)
+        if index in wanted:
+            static.add(node)
+    return static
+
+
+def _classify(node: fx.Node, static: set[fx.Node], outputs: set[fx.Node], output_roots: set[fx.Node]):
+    val = node.meta.get("val")
+    if _is_sym(node):
+        return SavedKind.SYMINT, None
+    if not isinstance(val, torch.Tensor):
+        return SavedKind.OPAQUE, None
+    path = alias_path(node)
+    if path.root in output_roots:
+        return (SavedKind.MODEL_OUTPUT if node in outputs else SavedKind.VIEW_OF_OUTPUT), path
+    if path.root.op == "placeholder":
+        if path.root in static:
+            return (SavedKind.VIEW_OF_PARAMETER if path.is_view else SavedKind.PARAMETER), path
+        return (SavedKind.VIEW_OF_INPUT if path.is_view else SavedKind.GRAPH_INPUT), path
+    return SavedKind.INTERMEDIATE, path
+
+
+def find_saved(
+    fw: fx.GraphModule,
+    bw: fx.GraphModule,
+    num_fwd_outputs: int,
+    static_input_indices: Sequence[int] = (),
+) -> SavedGraph:
+    """Pair each saved forward value with its backward placeholder and classify it."""
+    fw_outputs = list(output_node(fw).args[0])
+    saved_nodes = fw_outputs[num_fwd_outputs:]
+    num_symints = sum(1 for n in saved_nodes if _is_sym(n))
+    num_tensors = len(saved_nodes) - num_symints
+    if any(_is_sym(n) for n in saved_nodes[:num_tensors]):
+        raise RuntimeError("gact: forward graph saves a SymInt before a tensor; AOTAutograd contract changed")
+
+    bw_placeholders = bw.graph.find_nodes(op="placeholder")
+    bw_saved = bw_placeholders[num_symints : num_symints + num_tensors] + bw_placeholders[:num_symints]
+    for fw_node, bw_node in zip(saved_nodes, bw_saved):
+        if not isinstance(fw_node, fx.Node) or fw_node.name != bw_node.name:
+            raise RuntimeError(
+                f"gact: saved value {fw_node} does not match backward placeholder {bw_node.name}; "
+                "the AOTAutograd forward/backward contract is not the one gact was written for"
+            )
+
+    real_outputs = [n for n in fw_outputs[:num_fwd_outputs] if isinstance(n, fx.Node)]
+    output_roots = {
+        alias_path(n).root for n in real_outputs if isinstance(n.meta.get("val"), torch.Tensor)
+    }
+    static = _static_placeholders(fw, static_input_indices)
+    values = []
+    for position, (fw_node, bw_node) in enumerate(zip(saved_nodes, bw_saved)):
+        kind, path = _classify(fw_node, static, set(real_outputs), output_roots)
+        values.append(SavedValue(position, fw_node, bw_node, kind, path))
+    return SavedGraph(values=tuple(values), num_fwd_outputs=num_fwd_outputs)

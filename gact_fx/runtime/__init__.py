@@ -1,0 +1,1 @@
+"""Runtime: the ``gact::`` ops, the packed format, its reference kernels and the seeds."""

@@ -1,0 +1,112 @@
+"""The packed blob format: its byte layout and size arithmetic (no torch kernels here).
+
+Every compressed activation is stored as ONE flat ``torch.uint8`` tensor, the *blob*.
+One blob per activation (rather than codes + scales + mins as separate tensors) keeps
+the number of saved tensors fixed and avoids size-0/1 specialisation under dynamic
+shapes.
+
+Layout, for an activation of ``N`` elements taken in the logical order of its
+permutation (see ``runtime.ops``):
+
+* floating point (fp32 / fp16 / bf16), ``bits`` in {1, 2, 4, 8}::
+
+      G = ceil(N / group_size)
+      [ scale : G x float32 ][ min : G x float32 ][ codes : G*group_size*bits/8 bytes ]
+      [ zero padding to a multiple of 8 bytes ][ tag : tag_bytes(bits) bytes ]
+
+  Element ``i`` of group ``g`` decodes as ``min[g] + code * scale[g]``. Codes are
+  packed little-endian inside each byte: element ``k`` of a byte sits at bit
+  ``(k * bits) % 8``. The last group is padded with copies of the last element.
+  Codes come from stochastic rounding, ``floor((x - min) / scale + u)``, ``u ~ U[0, 1)``,
+  so ``E[decode] == x``; a constant group stores ``scale = 1`` and codes 0.
+  Scales and mins are float32 whatever the input dtype, so fp16 ranges cannot overflow.
+* ``bits == 32`` (pass-through): the raw bytes of the tensor in its own dtype.
+* ``torch.bool`` (dropout and ReLU masks): 1 bit per element, lossless, no scales.
+
+The tag makes every blob self-describing from its *length* alone:
+``blob.numel() % 8`` is 1, 2, 3, 4 or 5 for 1, 2, 4, 8 or 32 bits (bool blobs use 1).
+Reading the bits therefore needs no device-to-host copy, which is what lets bits
+change at run time without a recompile.
+"""
+
+from __future__ import annotations
+
+SUPPORTED_BITS = (1, 2, 4, 8, 32)
+PASS_THROUGH_BITS = 32
+METADATA_BYTES_PER_GROUP = 8  # float32 scale + float32 min
+_ALIGN = 8
+_TAG_BY_BITS = {1: 1, 2: 2, 4: 3, 8: 4, 32: 5}
+_BITS_BY_TAG = {tag: bits for bits, tag in _TAG_BY_BITS.items()}
+
+
+def _round_up(value, multiple):
+    # Works on ints and on SymInts (only + // * are used).
+    return (value + multiple - 1) // multiple * multiple
+
+
+def check_bits(bits: int) -> None:
+    if bits not in SUPPORTED_BITS:
+        raise ValueError(f"bits must be one of {SUPPORTED_BITS}, got {bits!r}")
+
+
+def check_group_size(group_size: int) -> None:
+    if not isinstance(group_size, int) or group_size < 8 or group_size % 8:
+        raise ValueError(
+            f"group_size must be a positive multiple of 8 (so that every group's codes "
+            f"fill whole bytes at 1 bit), got {group_size!r}"
+        )
+
+
+def tag_bytes(bits: int) -> int:
+    """Number of trailing tag bytes that encode ``bits`` in the blob length."""
+    check_bits(bits)
+    return _TAG_BY_BITS[bits]
+
+
+def num_groups(numel, group_size: int):
+    return (numel + group_size - 1) // group_size
+
+
+def quantized_body_bytes(numel, bits: int, group_size: int):
+    """Bytes of scales + mins + codes before padding, for a float tensor."""
+    groups = num_groups(numel, group_size)
+    return groups * METADATA_BYTES_PER_GROUP + groups * (group_size * bits // 8)
+
+
+def float_blob_nbytes(numel, bits: int, group_size: int, itemsize: int):
+    """Length in bytes of the blob of a floating-point tensor of ``numel`` elements."""
+    check_bits(bits)
+    if bits == PASS_THROUGH_BITS:
+        body = numel * itemsize
+    else:
+        body = quantized_body_bytes(numel, bits, group_size)
+    return _round_up(body, _ALIGN) + _TAG_BY_BITS[bits]
+
+
+def bool_blob_nbytes(numel):
+    """Length in bytes of the blob of a bool tensor (1 bit per element, lossless)."""
+    return _round_up((numel + 7) // 8, _ALIGN) + _TAG_BY_BITS[1]
+
+
+def bits_from_blob_nbytes(nbytes: int) -> int:
+    """Recover the bit width a blob was written with from its length (host-side)."""
+    tag = nbytes % _ALIGN
+    if tag not in _BITS_BY_TAG:
+        raise ValueError(f"not a gact blob: length {nbytes} has tag {tag}")
+    return _BITS_BY_TAG[tag]
+
+
+def body_nbytes(nbytes: int) -> int:
+    """Length of the blob without its tag bytes."""
+    return nbytes - nbytes % _ALIGN
+
+
+def ideal_ratio(bits: int, group_size: int = 256, itemsize: int = 4) -> float:
+    """Stored size over original size for a large tensor: ``(b + 64/group_size) / (8*itemsize)``.
+
+    With 256-element groups and fp32 inputs this is the ``(b + 0.25) / 32`` of the design.
+    """
+    check_bits(bits)
+    if bits == PASS_THROUGH_BITS:
+        return 1.0
+    return (bits + 8 * METADATA_BYTES_PER_GROUP / group_size) / (8 * itemsize)

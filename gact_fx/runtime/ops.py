@@ -1,0 +1,94 @@
+"""The ``gact::`` custom ops that the graph passes insert, and their graph contract.
+
+``gact::quantize(Tensor x, int bits, int group_size, int[] perm, int slot) -> Tensor``
+    Encodes ``x`` into one flat uint8 blob (format: ``runtime.format``). The elements are
+    taken in the *logical* order of ``x.permute(perm)``, never in memory order, so the
+    result does not depend on the strides the compiler picked for ``x``; ``perm`` is
+    chosen by the pass so that this permute is a no-op for the layout seen at compile
+    time. ``slot`` names the saved-tensor site; it picks the rounding seed
+    (``runtime.seeds``). bool tensors are packed losslessly at 1 bit whatever ``bits``.
+
+``gact::dequantize(Tensor blob, SymInt[] shape, ScalarType dtype, int group_size, int[] perm) -> Tensor``
+    Decodes a blob to a tensor of ``shape`` and ``dtype`` whose strides are compact in
+    the dimension order ``perm`` (the original strides whenever the original tensor was
+    dense). The bit width is read from the blob's length, so it needs no host sync.
+
+Both ops are functional (no mutation, outputs never alias inputs) and have fake
+implementations, so they trace under FakeTensor and dynamic shapes and pass
+``torch.library.opcheck``. ``quantize`` carries ``needs_exact_strides`` so Inductor
+hands it its input in the compile-time layout (and the permute stays free).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from . import format as fmt
+from .reference import dequantize_reference, quantize_reference, rounding_noise
+from .seeds import DEFAULT_SEEDS
+
+
+def inverse_permutation(perm: Sequence[int]) -> list[int]:
+    inverse = [0] * len(perm)
+    for position, dim in enumerate(perm):
+        inverse[dim] = position
+    return inverse
+
+
+def blob_nbytes(numel, dtype: torch.dtype, bits: int, group_size: int):
+    """Blob length for a tensor of ``numel`` elements (int or SymInt)."""
+    if dtype == torch.bool:
+        return fmt.bool_blob_nbytes(numel)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return fmt.float_blob_nbytes(numel, bits, group_size, itemsize)
+
+
+@torch.library.custom_op(
+    "gact::quantize",
+    mutates_args=(),
+    schema="(Tensor x, int bits, int group_size, int[] perm, int slot) -> Tensor",
+    tags=(torch.Tag.needs_exact_strides,),
+)
+def quantize(
+    x: torch.Tensor, bits: int, group_size: int, perm: Sequence[int], slot: int
+) -> torch.Tensor:
+    flat = x.permute(list(perm)).reshape(-1)
+    noise = None
+    if x.dtype != torch.bool and bits != fmt.PASS_THROUGH_BITS and flat.numel():
+        noise = rounding_noise(
+            fmt.num_groups(flat.numel(), group_size),
+            group_size,
+            DEFAULT_SEEDS.next_seed(slot),
+            x.device,
+        )
+    return quantize_reference(flat, bits, group_size, noise)
+
+
+@quantize.register_fake
+def _quantize_fake(x, bits, group_size, perm, slot):
+    return x.new_empty((blob_nbytes(x.numel(), x.dtype, bits, group_size),), dtype=torch.uint8)
+
+
+@torch.library.custom_op(
+    "gact::dequantize",
+    mutates_args=(),
+    schema="(Tensor blob, SymInt[] shape, ScalarType dtype, int group_size, int[] perm) -> Tensor",
+)
+def dequantize(
+    blob: torch.Tensor,
+    shape: Sequence[int],
+    dtype: torch.dtype,
+    group_size: int,
+    perm: Sequence[int],
+) -> torch.Tensor:
+    flat = dequantize_reference(blob, math.prod(shape), dtype, group_size)
+    return flat.view([shape[dim] for dim in perm]).permute(inverse_permutation(perm))
+
+
+@dequantize.register_fake
+def _dequantize_fake(blob, shape, dtype, group_size, perm):
+    permuted = blob.new_empty([shape[dim] for dim in perm], dtype=dtype)
+    return permuted.permute(inverse_permutation(perm))
