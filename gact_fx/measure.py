@@ -3,7 +3,9 @@
 ``SavedBytesMeter`` counts, through ``torch.autograd.graph.saved_tensors_hooks``, the
 bytes of every distinct storage saved while it is active (compiled graphs save their
 tensors through the same mechanism), leaving out the storages of given tensors
-(parameters and buffers, which are saved by reference and cost nothing extra).
+(parameters and buffers, which are saved by reference and cost nothing extra) and,
+in ``saved_activation_bytes``, of the model's outputs, which the caller holds anyway.
+These are the same rules the report's totals follow.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 
 class SavedBytesMeter:
@@ -35,6 +38,13 @@ class SavedBytesMeter:
     def __exit__(self, *exc) -> None:
         self._hooks.__exit__(*exc)
 
+    def exclude(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Stop counting the storages of ``tensors`` (e.g. outputs known only afterwards)."""
+        for tensor in tensors:
+            pointer = tensor.untyped_storage().data_ptr()
+            self._excluded.add(pointer)
+            self._storages.pop(pointer, None)
+
     @property
     def nbytes(self) -> int:
         return sum(self._storages.values())
@@ -49,5 +59,6 @@ def saved_activation_bytes(model: torch.nn.Module, *inputs, **kwargs) -> int:
     exclude = [*model.parameters(), *model.buffers()]
     with SavedBytesMeter(exclude=exclude) as meter:
         output = model(*inputs, **kwargs)
+    meter.exclude(t for t in tree_leaves(output) if isinstance(t, torch.Tensor))
     del output
     return meter.nbytes

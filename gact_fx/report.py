@@ -32,6 +32,8 @@ class SavedTensorRow:
     bytes_before: int  # full-precision bytes held (0 for an alias counted elsewhere)
     bytes_after: int
     producer: str  # the op that produced the stored value
+    source: str  # the forward node actually stored (the storage root when views are replayed)
+    stored_numel: int  # elements of ``source`` (0 on an alias row: counted on another row)
     slot: int | None = None
 
     @property
@@ -64,11 +66,14 @@ def _rows(index: int, saved: SavedGraph, plan: CompressionPlan) -> list[SavedTen
                     bytes_before=compression.bytes_before if first else 0,
                     bytes_after=compression.bytes_after if first else 0,
                     producer=_producer(compression.source),
+                    source=compression.name,
+                    stored_numel=layout_of(compression.source.meta["val"]).numel if first else 0,
                     slot=compression.slot,
                 )
             )
             continue
         skip = plan.skip_for(value.position)
+        root = value.path.root if value.path else value.node
         rows.append(
             SavedTensorRow(
                 **common,
@@ -76,7 +81,9 @@ def _rows(index: int, saved: SavedGraph, plan: CompressionPlan) -> list[SavedTen
                 stored=skip.reason,
                 bytes_before=skip.bytes,
                 bytes_after=skip.bytes,
-                producer=_producer(value.path.root if value.path else value.node),
+                producer=_producer(root),
+                source=root.name,
+                stored_numel=layout_of(root.meta["val"]).numel if skip.bytes else 0,
             )
         )
     return rows

@@ -1,15 +1,21 @@
 """Hoist backward comparisons of saved activations into the forward, as exact bool masks.
 
-Backward graphs often rebuild a mask from a saved activation: ReLU's backward is
-``where(le(relu_out, 0), 0, grad)``. A quantized ``relu_out`` rounds small positive
-values to 0 and flips that mask, which biases the gradient (5.9% error at 8 bits on an
-MLP, against ~1% for GELU). This pass computes each such comparison in the forward on
-the exact value and saves the bool result instead (1 bit per element, lossless after
-compression); the saved activation is dropped when nothing else in backward uses it.
+Backward graphs often rebuild a mask from saved activations: ReLU's backward is
+``where(le(relu_out, 0), 0, grad)``, and when the min-cut partitioner recomputes a
+BatchNorm output in backward, the following ReLU's mask is ``le(recomputed, 0)``. With
+the saved tensors quantized, values near the threshold flip the mask, which biases the
+gradient (5.9% error at 8 bits on an MLP, against ~1% for GELU; a bias that averaging
+over seeds cannot remove on a conv + BatchNorm + ReLU block).
+
+This pass finds every comparison with a constant whose inputs depend on saved values
+only (no tangent), recomputes it in the forward on the exact values, and saves the bool
+result instead (1 bit per element, lossless once compressed). Saved values nothing else
+in backward uses are then no longer saved.
 """
 
 from __future__ import annotations
 
+import logging
 import numbers
 
 import torch
@@ -18,55 +24,69 @@ import torch.fx as fx
 from .plan import COMPRESSIBLE_KINDS
 from .saved import SavedGraph, output_node
 from .section import SavedSection, finish
-from .views import view_parent
+
+log = logging.getLogger(__name__)
 
 aten = torch.ops.aten
 COMPARISONS = frozenset(
     {aten.le.Scalar, aten.lt.Scalar, aten.gt.Scalar, aten.ge.Scalar, aten.eq.Scalar, aten.ne.Scalar}
 )
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+MAX_CONE_NODES = 64  # a longer recomputation is not worth repeating in the forward
 
 
-def _comparisons_of(placeholder: fx.Node) -> list[tuple[tuple[fx.Node, ...], fx.Node]]:
-    """(view chain, comparison) pairs: comparisons with a constant reached through views."""
-    found = []
-    frontier = [(placeholder, ())]
-    while frontier:
-        node, chain = frontier.pop()
-        for user in node.users:
-            if user.target in COMPARISONS and user.args[0] is node and isinstance(user.args[1], numbers.Number):
-                found.append((chain, user))
-            elif view_parent(user) is node:
-                frontier.append((user, (*chain, user)))
-    return found
+def _is_comparison(node: fx.Node) -> bool:
+    return node.target in COMPARISONS and isinstance(node.args[1], numbers.Number)
+
+
+def _saved_cone(comparison: fx.Node, saved_inputs: set[fx.Node]) -> list[fx.Node] | None:
+    """The backward nodes ``comparison`` is computed from, if they use saved values only."""
+    cone, stack = set(), [comparison]
+    while stack:
+        node = stack.pop()
+        if node in cone or node in saved_inputs:
+            continue
+        if node.op != "call_function" or node.is_impure() or len(cone) >= MAX_CONE_NODES:
+            return None  # a tangent, an RNG op, or too long a recomputation
+        cone.add(node)
+        stack.extend(node.all_input_nodes)
+    return [node for node in comparison.graph.nodes if node in cone]
 
 
 def hoist_comparisons(fw: fx.GraphModule, bw: fx.GraphModule, saved: SavedGraph) -> int:
     """Rewrite in place; returns the number of comparisons moved to the forward."""
     section = SavedSection(fw, bw, saved)
-    fw_symint = {e.bw_placeholder: e.fw_node for e in section.symints}
+    fw_value = {v.bw_placeholder: v.node for v in saved.values}
+    compressible = {
+        v.bw_placeholder
+        for v in saved.tensors
+        if v.kind in COMPRESSIBLE_KINDS and v.val.dtype in FLOATS
+    }
     fw_output = output_node(fw)
+    copies: dict[fx.Node, fx.Node] = dict(fw_value)
     hoisted = 0
-    for value in saved.tensors:
-        if value.kind not in COMPRESSIBLE_KINDS or value.val.dtype not in FLOATS:
+    for comparison in [n for n in bw.graph.nodes if _is_comparison(n)]:
+        cone = _saved_cone(comparison, set(fw_value))
+        if cone is None or not any(arg in compressible for node in cone for arg in node.all_input_nodes):
             continue
-        placeholder = value.bw_placeholder
-        for chain, comparison in _comparisons_of(placeholder):
-            env = {placeholder: value.node}
-            # Before the output: every forward value (and saved SymInt) exists there.
-            with fw.graph.inserting_before(fw_output):
-                for node in (*chain, comparison):
-                    env[node] = fw.graph.node_copy(node, lambda n: env[n] if n in env else fw_symint[n])
-                    env[node].meta.pop("autograd_backward", None)
-            mask = env[comparison]
-            mask.meta["gact"] = {"role": "hoisted_mask", "of": value.node.name}
-            comparison.replace_all_uses_with(section.add_tensor(mask))
-            bw.graph.erase_node(comparison)
-            hoisted += 1
-        bw.graph.eliminate_dead_code()
-        if not placeholder.users:
+        # Before the output: every forward value (and saved SymInt) exists there.
+        with fw.graph.inserting_before(fw_output):
+            for node in cone:
+                if node not in copies:
+                    copies[node] = fw.graph.node_copy(node, copies.__getitem__)
+                    copies[node].meta.pop("autograd_backward", None)
+        mask = copies[comparison]
+        mask.meta["gact"] = {"role": "hoisted_mask", "of": comparison.name}
+        comparison.replace_all_uses_with(section.add_tensor(mask))
+        bw.graph.erase_node(comparison)
+        hoisted += 1
+    if not hoisted:
+        return 0
+    bw.graph.eliminate_dead_code()
+    for value in saved.tensors:
+        if not value.bw_placeholder.users:
             section.drop_tensor(value.position)
-    if hoisted:
-        section.commit()
-        finish(fw, bw, saved.num_fwd_outputs)
+    section.commit()
+    finish(fw, bw, saved.num_fwd_outputs)
+    log.debug("hoisted %d backward comparison(s) into the forward", hoisted)
     return hoisted

@@ -56,11 +56,19 @@ class SavedSection:
     def entry(self, position: int) -> _Entry:
         return self._tensor_by_position[position]
 
-    def _new_placeholder(self, name: str, val) -> fx.Node:
+    def _placeholder_for(self, fw_node: fx.Node) -> fx.Node:
+        """A new backward placeholder for ``fw_node``; both get one name, free in both graphs."""
+        taken = {n.name for n in self.fw.graph.nodes if n is not fw_node} | {n.name for n in self.bw.graph.nodes}
+        base, name, suffix = fw_node.name, fw_node.name, 0
+        while name in taken:
+            suffix += 1
+            name = f"{base}_{suffix}"
+        if name != fw_node.name:
+            fw_node._rename(name)
         first = self.bw.graph.find_nodes(op="placeholder")[0]
         with self.bw.graph.inserting_before(first):
             placeholder = self.bw.graph.placeholder(name)
-        set_val(placeholder, val)
+        set_val(placeholder, fw_node.meta["val"])
         return placeholder  # commit() moves it to its place
 
     def replace_tensor(self, position: int, fw_node: fx.Node) -> fx.Node:
@@ -72,7 +80,7 @@ class SavedSection:
         entry = self.entry(position)
         old_placeholder = entry.bw_placeholder
         entry.fw_node = fw_node
-        entry.bw_placeholder = self._new_placeholder(fw_node.name, fw_node.meta["val"])
+        entry.bw_placeholder = self._placeholder_for(fw_node)
         self._retired.append(old_placeholder)
         return entry.bw_placeholder
 
@@ -84,7 +92,7 @@ class SavedSection:
         return entry.bw_placeholder
 
     def add_tensor(self, fw_node: fx.Node) -> fx.Node:
-        entry = _Entry(fw_node, self._new_placeholder(fw_node.name, fw_node.meta["val"]))
+        entry = _Entry(fw_node, self._placeholder_for(fw_node))
         self.tensors.append(entry)
         return entry.bw_placeholder
 
@@ -98,7 +106,7 @@ class SavedSection:
         expr = fw_node.meta["val"].node.expr
         if expr in self._symint_by_expr:
             return self._symint_by_expr[expr].bw_placeholder
-        entry = _Entry(fw_node, self._new_placeholder(fw_node.name, fw_node.meta["val"]))
+        entry = _Entry(fw_node, self._placeholder_for(fw_node))
         self.symints.append(entry)
         self._symint_by_expr[expr] = entry
         return entry.bw_placeholder

@@ -43,7 +43,11 @@ def view_parent(node: fx.Node) -> fx.Node | None:
     alias_sets = set().union(*(ret.alias_info.before_set for ret in schema.returns))
     for argument, value in zip(schema.arguments, node.args):
         info = argument.alias_info
-        if info is not None and info.before_set & alias_sets and isinstance(value, fx.Node):
+        if info is None or not isinstance(value, fx.Node):
+            continue
+        # ``Tensor(a)`` returns name their set; list returns (``split``: ``Tensor(a -> *) self
+        # -> Tensor(a)[]``) leave it on the argument as a wildcard.
+        if info.before_set & alias_sets or "*" in info.after_set:
             return value
     return None
 

@@ -1,0 +1,22 @@
+# The two commands of the README: `make demo` and `make test`. Both create the virtual
+# environment on first use: torch pinned to 2.13.0 (the local CPU wheel) by constraints.txt.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTHON ?= python3
+
+.PHONY: demo test bench-quick clean
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[test,examples]"
+	touch $@
+
+demo: $(VENV)/.installed
+	$(PY) examples/train_mnist1d.py
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) build *.egg-info

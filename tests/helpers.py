@@ -1,0 +1,140 @@
+"""Models, losses and gradient statistics shared by the tests."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import gact_fx
+
+
+class MLP(nn.Module):
+    def __init__(self, width: int = 256):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.GELU(), nn.Linear(width, 10)
+        )
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm block: LayerNorm, causal SDPA attention, GELU MLP, residuals."""
+
+    def __init__(self, dim: int = 64, heads: int = 4):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        qkv = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(attn.transpose(1, 2).reshape(b, t, d))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class ConvBlock(nn.Module):
+    """Two conv + BatchNorm + ReLU stages, global average pooling, linear head."""
+
+    def __init__(self, channels: int = 16):
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(3, channels, 3, padding=1), nn.BatchNorm2d(channels)
+        self.c2, self.b2 = nn.Conv2d(channels, channels, 3, padding=1), nn.BatchNorm2d(channels)
+        self.head = nn.Linear(channels, 10)
+
+    def forward(self, x):
+        x = F.relu(self.b1(self.c1(x)))
+        x = F.relu(self.b2(self.c2(x)))
+        return self.head(x.mean((2, 3)))
+
+
+class HFWrapper(nn.Module):
+    """A transformers model returning its last hidden state as a plain tensor."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids):
+        return self.model(input_ids=input_ids).last_hidden_state
+
+
+def tiny_bert(dropout: float = 0.0) -> nn.Module:
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(
+        vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=256, max_position_embeddings=64,
+        hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
+    )
+    return HFWrapper(BertModel(config))
+
+
+def tiny_gpt2(dropout: float = 0.0) -> nn.Module:
+    from transformers import GPT2Config, GPT2Model
+
+    config = GPT2Config(
+        vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=64,
+        resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
+    )
+    return HFWrapper(GPT2Model(config))
+
+
+def model_case(name: str):
+    """(model, inputs) for the named test model, built from a fixed seed."""
+    torch.manual_seed(0)
+    if name == "mlp":
+        return MLP(), (torch.randn(64, 64),)
+    if name == "block":
+        return TransformerBlock(), (torch.randn(8, 32, 64),)
+    if name == "conv":
+        return ConvBlock(), (torch.randn(8, 3, 16, 16),)
+    if name == "bert":
+        return tiny_bert(), (torch.randint(0, 128, (4, 32)),)
+    if name == "gpt2":
+        return tiny_gpt2(), (torch.randint(0, 128, (4, 32)),)
+    raise KeyError(name)
+
+
+def projection_loss(output: torch.Tensor) -> torch.Tensor:
+    """A fixed random projection of the output: a loss whose gradient is generic.
+
+    (``(out ** 2).mean()`` is a bad probe after a final LayerNorm: at initialisation its
+    gradient is parallel to the normalised output and LayerNorm's backward cancels it.)
+    """
+    weights = torch.randn(output.shape, generator=torch.Generator().manual_seed(1))
+    return (output.float() * weights).sum()
+
+
+def flat_grad(model: nn.Module) -> torch.Tensor:
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
+def compiled_grads(model, inputs, backend, *, steps: int = 1, fullgraph: bool = True, **compile_kwargs):
+    """Flat parameter gradients of ``steps`` fresh backward passes through one compile."""
+    model = copy.deepcopy(model)
+    compiled = torch.compile(model, backend=backend, fullgraph=fullgraph, **compile_kwargs)
+    draws = []
+    for _ in range(steps):
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(0)  # identical dropout masks in every run
+        projection_loss(compiled(*inputs)).backward()
+        draws.append(flat_grad(model))
+    return draws, compiled
+
+
+def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
+    return ((value - reference).norm() / reference.norm()).item()
+
+
+def baseline_backend(compiler: str = "eager") -> gact_fx.GactBackend:
+    """The same compile path with compression disabled."""
+    return gact_fx.backend(enabled=False, compiler=compiler)

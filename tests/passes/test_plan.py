@@ -1,0 +1,108 @@
+import itertools
+
+import torch
+
+from gact_fx.passes.plan import PlanOptions, layout_of, plan_compression
+from gact_fx.passes.saved import find_saved
+from gact_fx.runtime import format as fmt
+
+from .graphs import Builder, aliases_pair, linear_relu_pair
+
+aten = torch.ops.aten
+
+
+def plan_for(pair, **options):
+    fw, bw, num_out, static, _ = pair
+    settings = dict(bits=8, group_size=64, min_numel=0, compress_inputs=True) | options
+    saved = find_saved(fw, bw, num_out, static)
+    return saved, plan_compression(saved, PlanOptions(**settings), allocate_slot=itertools.count(10).__next__)
+
+
+def test_activations_are_compressed_and_parameters_skipped():
+    saved, plan = plan_for(linear_relu_pair())
+    assert [c.name for c in plan.compressions] == ["x", "relu"]
+    assert [c.slot for c in plan.compressions] == [10, 11]
+    (skip,) = plan.skips
+    assert saved.values[skip.position].node.name == "t" and "parameter" in skip.reason
+
+
+def test_bytes_follow_the_format():
+    _, plan = plan_for(linear_relu_pair(), bits=2)
+    relu = plan.compressions[1]
+    assert relu.bytes_before == 32 * 64 * 4
+    assert relu.bytes_after == fmt.float_blob_nbytes(32 * 64, 2, 64, 4)
+
+
+def test_inputs_can_be_left_alone():
+    _, plan = plan_for(linear_relu_pair(), compress_inputs=False)
+    assert [c.name for c in plan.compressions] == ["relu"]
+    assert any("compress_inputs=False" in s.reason for s in plan.skips)
+
+
+def test_small_tensors_stay_full_precision_with_a_reason():
+    _, plan = plan_for(linear_relu_pair(), min_numel=10_000)
+    assert plan.compressions == ()
+    assert sum("< min_numel=10000" in s.reason for s in plan.skips) == 2
+
+
+def test_disabled_plans_nothing():
+    _, plan = plan_for(linear_relu_pair(), enabled=False)
+    assert plan.compressions == () and all(s.reason for s in plan.skips)
+
+
+def test_aliases_share_one_compression_of_their_root():
+    saved, plan = plan_for(aliases_pair())
+    (sin,) = plan.compressions
+    assert sin.name == "sin"
+    chains = {saved.values[m.position].node.name: [n.name for n in m.chain] for m in sin.members}
+    assert chains == {"sin": [], "t": ["t"], "getitem": ["split", "getitem"]}
+    assert sin.bytes_before == 32 * 64 * 4  # the storage once, not three times
+    output_view = next(s for s in plan.skips if saved.values[s.position].node.name == "t_1")
+    assert "model output" in output_view.reason
+
+
+def test_a_lone_slice_is_compressed_instead_of_its_larger_root():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode()
+    f = Builder(mode)
+    x = f.input("x", torch.randn(64, 64))
+    h = f(aten.sin.default, x)
+    half = f(aten.slice.Tensor, h, 1, 0, 8)
+    fw = f.output(f(aten.cos.default, x), half)
+    b = Builder(mode)
+    bhalf = b.input("slice", torch.randn(64, 8))
+    tangent = b.input("tangents_1", torch.randn(64, 64))
+    bw = b.output(b(aten.add.Tensor, tangent, b(aten.sum.default, bhalf)))
+    saved, plan = plan_for((fw, bw, 1, [], None))
+    (only,) = plan.compressions
+    assert only.source.target is aten.slice.Tensor and only.members[0].chain == ()
+    assert not layout_of(only.source.meta["val"]).dense  # compressed compactly
+
+
+def test_integer_tensors_pass_through():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode()
+    f = Builder(mode)
+    x = f.input("x", torch.randn(64, 64))
+    idx = f(aten.argmax.default, x, 1)
+    fw = f.output(f(aten.cos.default, x), idx)
+    b = Builder(mode)
+    bidx = b.input("argmax", torch.zeros(64, dtype=torch.long))
+    tangent = b.input("tangents_1", torch.randn(64, 64))
+    bw = b.output(b(aten.add.Tensor, tangent, b(aten.sum.default, bidx)))
+    _, plan = plan_for((fw, bw, 1, [], None))
+    assert plan.compressions == () and "int64 passes through" in plan.skips[0].reason
+
+
+def test_a_bits_chooser_overrides_the_default():
+    fw, bw, num_out, static, _ = linear_relu_pair()
+    saved = find_saved(fw, bw, num_out, static)
+    plan = plan_compression(
+        saved,
+        PlanOptions(bits=8, group_size=64, min_numel=0, compress_inputs=True),
+        allocate_slot=itertools.count().__next__,
+        choose_bits=lambda node, default: 2 if node.name == "relu" else default,
+    )
+    assert {c.name: c.bits for c in plan.compressions} == {"x": 8, "relu": 2}

@@ -1,0 +1,95 @@
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from gact_fx.runtime import format as fmt
+from gact_fx.runtime import ops  # noqa: F401  (registers torch.ops.gact)
+from gact_fx.runtime.seeds import DEFAULT_SEEDS, manual_seed
+
+quantize = torch.ops.gact.quantize.default
+dequantize = torch.ops.gact.dequantize.default
+FLOATS = [torch.float32, torch.float16, torch.bfloat16]
+
+
+@pytest.fixture
+def pinned_slot():
+    DEFAULT_SEEDS.pin(99, 1234)  # opcheck compares several calls: make them agree
+    yield 99
+    DEFAULT_SEEDS.unpin_all()
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("bits", fmt.SUPPORTED_BITS)
+def test_opcheck(dtype, bits, pinned_slot):
+    x = torch.randn(6, 50, dtype=dtype)
+    torch.library.opcheck(quantize, (x, bits, 64, [0, 1], pinned_slot))
+    blob = quantize(x, bits, 64, [0, 1], pinned_slot)
+    torch.library.opcheck(dequantize, (blob, [6, 50], dtype, 64, [0, 1]))
+
+
+def test_opcheck_bool(pinned_slot):
+    mask = torch.rand(3, 70) > 0.3
+    torch.library.opcheck(quantize, (mask, 2, 64, [0, 1], pinned_slot))
+    blob = quantize(mask, 2, 64, [0, 1], pinned_slot)
+    torch.library.opcheck(dequantize, (blob, [3, 70], torch.bool, 64, [0, 1]))
+    assert torch.equal(dequantize(blob, [3, 70], torch.bool, 64, [0, 1]), mask)
+
+
+@pytest.mark.parametrize("bits", fmt.SUPPORTED_BITS)
+def test_dequantize_reads_the_bits_from_the_blob(bits):
+    x = torch.randn(300)
+    blob = quantize(x, bits, 64, [0], 0)
+    y = dequantize(blob, [300], torch.float32, 64, [0])
+    assert blob.numel() == fmt.float_blob_nbytes(300, bits, 64, 4)
+    assert (y - x).abs().max() <= (x.max() - x.min()) / (2**bits - 1) + 1e-6
+
+
+def test_channels_last_layout_is_restored_exactly():
+    x = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
+    perm = [0, 2, 3, 1]  # dense order of channels_last
+    y = dequantize(quantize(x, 32, 64, perm, 0), list(x.shape), x.dtype, 64, perm)
+    assert torch.equal(x, y) and y.stride() == x.stride()
+
+
+def test_non_dense_input_comes_back_compact_in_the_same_order():
+    x = torch.randn(10, 8)[:, :5]  # strides (8, 1): a gap after each row
+    y = dequantize(quantize(x, 32, 64, [0, 1], 0), [10, 5], x.dtype, 64, [0, 1])
+    assert torch.equal(x, y) and y.stride() == (5, 1)
+
+
+def test_result_does_not_depend_on_the_input_strides():
+    x = torch.randn(16, 32)
+    manual_seed(5)
+    contiguous = quantize(x, 2, 64, [0, 1], 0)
+    manual_seed(5)
+    transposed_storage = quantize(x.t().contiguous().t(), 2, 64, [0, 1], 0)
+    assert torch.equal(contiguous, transposed_storage)
+
+
+def test_quantize_leaves_torch_rng_alone():
+    x = torch.randn(1000)
+    state = torch.get_rng_state()
+    quantize(x, 2, 64, [0], 0)
+    assert torch.equal(state, torch.get_rng_state())
+
+
+def test_manual_seed_makes_rounding_reproducible():
+    x = torch.randn(1000)
+    manual_seed(7)
+    first = [quantize(x, 2, 64, [0], 0) for _ in range(2)]
+    manual_seed(7)
+    again = [quantize(x, 2, 64, [0], 0) for _ in range(2)]
+    assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+    assert not torch.equal(first[0], first[1])  # every call draws fresh noise
+
+
+def test_fake_blob_size_is_symbolic_under_dynamic_shapes():
+    def encode(x):
+        return quantize(x, 4, 64, [0, 1], 0)
+
+    graph = make_fx(encode, tracing_mode="symbolic")(torch.randn(10, 7))
+    blob_val = graph.graph.find_nodes(op="output")[0].args[0].meta["val"]
+    size = blob_val.shape[0]
+    assert isinstance(size, torch.SymInt)
+    hinted = fmt.float_blob_nbytes(70, 4, 64, 4)
+    assert size.node.hint == hinted

@@ -1,0 +1,102 @@
+import pytest
+import torch
+
+from gact_fx.runtime import format as fmt
+from gact_fx.runtime.reference import (
+    dequantize_reference,
+    pack_codes,
+    quantize_reference,
+    rounding_noise,
+    unpack_codes,
+)
+
+FLOATS = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def roundtrip(x, bits, group_size=64, seed=0):
+    noise = rounding_noise(fmt.num_groups(x.numel(), group_size), group_size, seed, x.device)
+    blob = quantize_reference(x, bits, group_size, noise)
+    return blob, dequantize_reference(blob, x.numel(), x.dtype, group_size)
+
+
+def group_scales(blob, numel, group_size):
+    groups = fmt.num_groups(numel, group_size)
+    return blob[: groups * 4].view(torch.float32)
+
+
+def test_codes_are_packed_little_endian_within_a_byte():
+    codes = torch.tensor([[1, 0, 3, 2, 0, 0, 0, 1]], dtype=torch.uint8)
+    packed = pack_codes(codes, 2)
+    assert packed.tolist() == [1 | 0 << 2 | 3 << 4 | 2 << 6, 1 << 6]
+    assert torch.equal(unpack_codes(packed, 2), codes.flatten())
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+def test_pack_unpack_are_inverse(bits):
+    codes = torch.randint(0, 2**bits, (5, 64), dtype=torch.uint8)
+    assert torch.equal(unpack_codes(pack_codes(codes, bits), bits), codes.flatten())
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("numel", [1, 100, 1000])
+def test_32_bits_is_an_exact_copy(dtype, numel):
+    x = torch.randn(numel).to(dtype)
+    blob, y = roundtrip(x, 32)
+    assert blob.numel() == fmt.float_blob_nbytes(numel, 32, 64, x.element_size())
+    assert torch.equal(x, y) and y.dtype == dtype
+
+
+@pytest.mark.parametrize("numel", [1, 7, 8, 9, 1000])
+def test_bool_masks_are_lossless(numel):
+    mask = torch.rand(numel) > 0.5
+    blob = quantize_reference(mask, 1, 64, None)
+    assert blob.numel() == fmt.bool_blob_nbytes(numel)
+    assert torch.equal(dequantize_reference(blob, numel, torch.bool, 64), mask)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+def test_error_is_at_most_one_step_per_element(dtype, bits):
+    x = (torch.randn(1000) * 3).to(dtype)
+    blob, y = roundtrip(x, bits)
+    step = group_scales(blob, x.numel(), 64).repeat_interleave(64)[: x.numel()]
+    slack = 1e-6 + (x.float().abs() * 1e-2 if dtype != torch.float32 else 0)  # output rounding to dtype
+    assert ((y.float() - x.float()).abs() <= step * (1 + 1e-5) + slack).all()
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4])
+def test_stochastic_rounding_is_unbiased(bits):
+    x = torch.randn(512)
+    draws = torch.stack([roundtrip(x, bits, seed=s)[1] for s in range(400)])
+    single = (draws[0] - x).abs().mean()
+    bias = (draws.mean(0) - x).abs().mean()
+    assert bias < single / 8  # 1/sqrt(400) = 1/20 of a single draw if unbiased
+
+
+def test_constant_groups_are_exact():
+    x = torch.full((300,), 3.25)
+    assert torch.equal(roundtrip(x, 2)[1], x)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_values_poison_only_their_group(bad):
+    x = torch.randn(256)
+    x[70] = bad
+    _, y = roundtrip(x, 4, group_size=64)
+    assert not torch.isfinite(y[64:128]).any()
+    assert torch.isfinite(torch.cat([y[:64], y[128:]])).all()
+
+
+@pytest.mark.parametrize("dtype,magnitude", [(torch.float32, 1e30), (torch.bfloat16, 1e30), (torch.float16, 6e4)])
+@pytest.mark.parametrize("bits", [1, 2, 8])
+def test_huge_magnitudes_stay_finite(dtype, magnitude, bits):
+    x = ((torch.rand(512) * 2 - 1) * magnitude).to(dtype)  # |x| <= magnitude: finite inputs
+    _, y = roundtrip(x, bits)
+    assert torch.isfinite(y).all()
+    assert (y.float() - x.float()).abs().max() <= 2 * x.float().abs().max()
+
+
+def test_quantize_takes_its_noise_from_the_argument():
+    x = torch.randn(256)
+    assert torch.equal(roundtrip(x, 2, seed=3)[0], roundtrip(x, 2, seed=3)[0])
+    assert not torch.equal(roundtrip(x, 2, seed=3)[0], roundtrip(x, 2, seed=4)[0])
