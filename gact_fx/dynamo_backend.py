@@ -71,8 +71,9 @@ class GactBackend:
     def report(self) -> Report:
         return Report(list(self.records))
 
-    def reset(self) -> None:
-        """Forget the records (``torch._dynamo.reset()`` calls this)."""
+    def clear(self) -> None:
+        """Forget the records. (Deliberately not named ``reset``: ``torch._dynamo.reset()``
+        calls that on backends, and a backend object the user holds keeps its history.)"""
         self.records.clear()
 
 
@@ -111,8 +112,11 @@ def gact_entry_point(gm, example_inputs, *, options=None, mode=None):
 
 
 def _reset_entry_point() -> None:
-    for backend in _backends_by_config.values():
-        backend.reset()
+    """``torch._dynamo.reset()``: the shared backends of ``backend="gact"`` start afresh."""
+    global _last_used
+    if _last_used in _backends_by_config.values():
+        _last_used = None
+    _backends_by_config.clear()
 
 
 gact_entry_point.reset = _reset_entry_point
@@ -121,5 +125,5 @@ gact_entry_point.reset = _reset_entry_point
 def last_report() -> Report:
     """The report of the gact backend that compiled most recently (all of its graphs)."""
     if _last_used is None:
-        raise RuntimeError("no model has been compiled with the gact backend in this process yet")
+        raise RuntimeError("no graph has been compiled with the gact backend (since the last torch._dynamo.reset())")
     return _last_used.report()

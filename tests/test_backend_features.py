@@ -151,3 +151,53 @@ def test_inductor_dynamic_shapes_compile_once():
     for batch in (4, 7, 12):
         projection_loss(compiled(torch.randn(batch, 64))).backward()
     assert len(backend.records) == 1 and counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_models_compress(dtype):
+    model, (x,) = model_case("mlp")
+    model, x = model.to(dtype), x.to(dtype)
+    (expected,), _ = compiled_grads(model, (x,), baseline_backend())
+    exact = gact_fx.backend(bits=32)
+    (got,), _ = compiled_grads(model, (x,), exact)
+    assert torch.equal(got, expected)
+    rows = [r for r in exact.report().rows if r.stored == "compressed" and r.dtype != "bool"]
+    assert rows and {r.dtype for r in rows} == {str(dtype).removeprefix("torch.")}
+    (got,), _ = compiled_grads(model, (x,), gact_fx.backend(bits=8))
+    assert relative_error(got.float(), expected.float()) < 3e-2
+
+
+def test_a_warm_compile_cache_still_reports():
+    # AOTAutograd's cache would skip the partitioner on a hit; gact turns it off.
+    model, inputs = model_case("mlp")
+    first = gact_fx.backend(compiler="inductor")
+    compiled_grads(model, inputs, first)
+    torch._dynamo.reset()
+    second = gact_fx.backend(compiler="inductor")
+    compiled_grads(model, inputs, second)
+    assert first.report().num_compressed == second.report().num_compressed > 0
+
+
+def test_the_inductor_partitioner_has_a_config_dependent_cache_key():
+    import pickle
+
+    from gact_fx.config import GactConfig
+    from gact_fx.inductor_partitioner import InductorGactPartitioner
+    from gact_fx.partitioner import GactPartitioner
+
+    def key(**options):
+        inner = GactPartitioner(GactConfig(**options), graph_index=0, compiler="inductor", on_record=print)
+        return InductorGactPartitioner(inner)
+
+    assert key(bits=8).uuid() == key(bits=8).uuid() != key(bits=4).uuid()
+    restored = pickle.loads(pickle.dumps(key(bits=8)))
+    assert restored.uuid() == key(bits=8).uuid()
+
+
+def test_dynamo_reset_starts_the_shared_backends_afresh():
+    model, inputs = model_case("mlp")
+    projection_loss(torch.compile(model, backend="gact")(*inputs)).backward()
+    assert gact_fx.last_report().num_compressed > 0
+    torch._dynamo.reset()
+    with pytest.raises(RuntimeError, match="no graph has been compiled"):
+        gact_fx.last_report()
