@@ -59,7 +59,8 @@ def inductor_compile_fx():
     return compile_fx
 
 
-def custom_partitioner_base():
+def custom_partitioner_base() -> type:
+    """Inductor's base class for ``config.custom_partitioner_fn`` (imports Inductor)."""
     from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
     return CustomPartitionerFn
@@ -69,6 +70,28 @@ def hash_files(paths) -> bytes:
     from torch._inductor.custom_graph_pass import get_hash_for_files
 
     return get_hash_for_files(tuple(paths))
+
+
+def inductor_mode_options(mode: str) -> dict:
+    """Inductor config patches for a ``torch.compile`` mode name."""
+    from torch._inductor import list_mode_options
+
+    return list_mode_options(mode)
+
+
+def is_op_overload(target) -> bool:
+    return isinstance(target, torch._ops.OpOverload)
+
+
+def rename_node(node: torch.fx.Node, name: str) -> None:
+    """Rename an FX node through its graph's namespace."""
+    node._rename(name)
+
+
+def tree_leaves(tree) -> list:
+    from torch.utils._pytree import tree_leaves as _tree_leaves
+
+    return _tree_leaves(tree)
 
 
 def functorch_config():

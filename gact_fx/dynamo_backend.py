@@ -89,13 +89,11 @@ def _compile_eager(gm, example_inputs, partitioner):
 
 
 def _compile_inductor(gm, example_inputs, partitioner, mode):
-    from torch._inductor import list_mode_options
-
     from .inductor_partitioner import InductorGactPartitioner
 
     patches = {"custom_partitioner_fn": InductorGactPartitioner(partitioner)}
     if mode not in (None, "default"):
-        patches.update(list_mode_options(mode))
+        patches.update(_compat.inductor_mode_options(mode))
     return _compat.inductor_compile_fx()(gm, example_inputs, config_patches=patches)
 
 

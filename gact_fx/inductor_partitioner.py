@@ -12,18 +12,17 @@ from __future__ import annotations
 import functools
 import pathlib
 
-from torch._inductor.custom_graph_pass import CustomPartitionerFn, get_hash_for_files
-
+from ._compat import custom_partitioner_base, hash_files
 from .partitioner import GactPartitioner
 
 
 @functools.cache
 def _code_hash() -> str:
     package = pathlib.Path(__file__).parent
-    return get_hash_for_files(tuple(sorted(str(p) for p in package.rglob("*.py")))).hex()
+    return hash_files(sorted(str(p) for p in package.rglob("*.py"))).hex()
 
 
-class InductorGactPartitioner(CustomPartitionerFn):
+class InductorGactPartitioner(custom_partitioner_base()):
     def __init__(self, partitioner: GactPartitioner | None, uuid: str | None = None) -> None:
         self.partitioner = partitioner
         self._uuid = uuid or f"gact-{_code_hash()}-{partitioner.config!r}"

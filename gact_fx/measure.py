@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-from torch.utils._pytree import tree_leaves
+
+from ._compat import tree_leaves
 
 
 class SavedBytesMeter:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from .._compat import extract_tensor_metadata, saved_output_descriptor
+from .._compat import extract_tensor_metadata, rename_node, saved_output_descriptor
 from .saved import SavedGraph, find_saved, output_node
 
 
@@ -64,7 +64,7 @@ class SavedSection:
             suffix += 1
             name = f"{base}_{suffix}"
         if name != fw_node.name:
-            fw_node._rename(name)
+            rename_node(fw_node, name)
         first = self.bw.graph.find_nodes(op="placeholder")[0]
         with self.bw.graph.inserting_before(first):
             placeholder = self.bw.graph.placeholder(name)

@@ -15,9 +15,11 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
+from .._compat import is_op_overload
+
 
 def _aliasing_schema(target) -> torch.FunctionSchema | None:
-    if not isinstance(target, torch._ops.OpOverload):
+    if not is_op_overload(target):
         return None
     schema = target._schema
     if not schema.returns:
