@@ -38,6 +38,8 @@ def aot_autograd(**kwargs):
 
 
 def inductor_decompositions():
+    """Inductor's decomposition table, for the eager path to see Inductor's graphs."""
+    import torch._inductor.lowering  # noqa: F401  (some decompositions consult it, e.g. max_pool2d)
     from torch._inductor.decomposition import select_decomp_table
 
     return select_decomp_table()
@@ -86,6 +88,13 @@ def is_op_overload(target) -> bool:
 def rename_node(node: torch.fx.Node, name: str) -> None:
     """Rename an FX node through its graph's namespace."""
     node._rename(name)
+
+
+def unbacked_bindings(fake_mode, val):
+    """``meta["unbacked_bindings"]`` for a node whose value has data-dependent sizes."""
+    from torch.fx.experimental.symbolic_shapes import compute_unbacked_bindings
+
+    return compute_unbacked_bindings(fake_mode.shape_env, val)
 
 
 def tree_leaves(tree) -> list:

@@ -16,6 +16,17 @@ from .runtime import format as fmt
 
 COMPILERS = ("auto", "inductor", "eager")
 PARTITIONERS = ("min_cut", "default")
+LEVELS = {
+    # GACT's names. L0: off; L1.x: uniform bits; L2.x: adaptive at an average number of bits.
+    "L0": {"enabled": False},
+    "L1": {"bits": 4},
+    "L1.1": {"bits": 8},
+    "L1.2": {"bits": 2},
+    "L2": {"avg_bits": 4.0},
+    "L2.1": {"avg_bits": 3.0},
+    "L2.2": {"avg_bits": 2.0},
+}
+_LEVEL_FIELDS = {"enabled", "bits", "avg_bits"}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -26,8 +37,28 @@ class GactConfig:
     """False compiles through the same path with no compression (the baseline)."""
 
     bits: int = 8
-    """Bits per element for every compressed floating-point activation: 1, 2, 4, 8,
-    or 32 (pass-through: stored as is, the rewrite still runs)."""
+    """Uniform mode (``avg_bits`` unset): bits per element of every compressed
+    floating-point activation: 1, 2, 4, 8, or 32 (pass-through: stored as is)."""
+
+    avg_bits: float | None = None
+    """Adaptive mode: the average bits per element the allocation must respect (per
+    compiled graph); each tensor gets 1, 2, 4, 8 or 32 bits from its measured
+    sensitivity. Bits change at run time without a recompile."""
+
+    adapt_interval: int = 1000
+    """Adaptive mode: forward calls between two sensitivity probes (each re-solves the bits)."""
+
+    probe_bits: int = 2
+    """Adaptive mode: the width a tensor is quantized at while its sensitivity is measured."""
+
+    probe_tensors: int = 16
+    """Adaptive mode: tensors measured per probe step (in rotation): bounds the probe's
+    cost (one extra backward each) and the exact copies it keeps."""
+
+    overrides: tuple[tuple[str, int], ...] = ()
+    """Per-tensor bits: ``{pattern: bits}`` (given as a dict), fnmatch patterns over tensor
+    names such as ``"*LayerNorm*"``; the first match wins. Pinned tensors are outside
+    the adaptive budget."""
 
     group_size: int = 256
     """Elements sharing one fp32 min and scale; a multiple of 8."""
@@ -50,9 +81,28 @@ class GactConfig:
     def __post_init__(self) -> None:
         _check_type("enabled", self.enabled, bool)
         _check_type("compress_inputs", self.compress_inputs, bool)
-        for name in ("bits", "group_size", "min_numel"):
+        for name in ("bits", "group_size", "min_numel", "adapt_interval", "probe_bits", "probe_tensors"):
             _check_type(name, getattr(self, name), int)
         fmt.check_bits(self.bits)
+        if self.avg_bits is not None:
+            if isinstance(self.avg_bits, bool) or not isinstance(self.avg_bits, (int, float)):
+                raise ValueError(f"avg_bits must be a number, got {self.avg_bits!r}")
+            if not 1 <= self.avg_bits <= 32:
+                raise ValueError(f"avg_bits must be between 1 and 32, got {self.avg_bits}")
+            object.__setattr__(self, "avg_bits", float(self.avg_bits))
+        if self.adapt_interval < 1 or self.probe_tensors < 1:
+            raise ValueError("adapt_interval and probe_tensors must be >= 1")
+        if self.probe_bits not in (1, 2, 4, 8):
+            raise ValueError(f"probe_bits must be one of (1, 2, 4, 8), got {self.probe_bits}")
+        overrides = self.overrides.items() if isinstance(self.overrides, Mapping) else self.overrides
+        try:
+            overrides = tuple((str(pattern), bits) for pattern, bits in overrides)
+        except (TypeError, ValueError):
+            raise ValueError(f"overrides must map name patterns to bits, got {self.overrides!r}") from None
+        for pattern, bits in overrides:
+            _check_type(f"overrides[{pattern!r}]", bits, int)
+            fmt.check_bits(bits)
+        object.__setattr__(self, "overrides", overrides)
         fmt.check_group_size(self.group_size)
         if self.min_numel < 0:
             raise ValueError(f"min_numel must be >= 0, got {self.min_numel}")
@@ -61,23 +111,47 @@ class GactConfig:
         if self.partitioner not in PARTITIONERS:
             raise ValueError(f"partitioner must be one of {PARTITIONERS}, got {self.partitioner!r}")
 
+    @property
+    def adaptive(self) -> bool:
+        return self.enabled and self.avg_bits is not None
+
+    @property
+    def initial_bits(self) -> int:
+        """Width of every float compression before any allocation: ``bits``, or in
+        adaptive mode the widest supported width within the ``avg_bits`` budget."""
+        if not self.adaptive:
+            return self.bits
+        return max((b for b in (1, 2, 4, 8) if b <= self.avg_bits), default=1)
+
     @classmethod
-    def from_options(cls, options: Mapping[str, Any] | None = None, **overrides: Any) -> GactConfig:
-        """Build from a ``torch.compile`` options dict; unknown names are an error."""
-        merged = {**(options or {}), **overrides}
-        allowed = {field.name for field in dataclasses.fields(cls)}
+    def from_options(cls, options: Mapping[str, Any] | None = None, **more: Any) -> GactConfig:
+        """Build from a ``torch.compile`` options dict; unknown names are an error.
+
+        ``level`` (GACT's L0, L1, L1.1, L1.2, L2, L2.1, L2.2) is a preset for
+        ``enabled``/``bits``/``avg_bits``; passing it together with one of those is an error.
+        """
+        merged = {**(options or {}), **more}
+        allowed = {field.name for field in dataclasses.fields(cls)} | {"level"}
         unknown = sorted(set(merged) - allowed)
         if unknown:
-            raise ValueError(
-                f"unknown gact option(s) {unknown}; allowed options are {sorted(allowed)}"
-            )
+            raise ValueError(f"unknown gact option(s) {unknown}; allowed options are {sorted(allowed)}")
+        level = merged.pop("level", None)
+        if level is not None:
+            if level not in LEVELS:
+                raise ValueError(f"level must be one of {list(LEVELS)}, got {level!r}")
+            clash = sorted(_LEVEL_FIELDS & set(merged))
+            if clash:
+                raise ValueError(f"level={level!r} means {LEVELS[level]}; do not also pass {clash}")
+            merged.update(LEVELS[level])
+        if merged.get("avg_bits") is not None and "bits" in merged:
+            raise ValueError("avg_bits makes the bits adaptive; do not also pass bits")
         return cls(**merged)
 
     def replace(self, **changes: Any) -> GactConfig:
         return dataclasses.replace(self, **changes)
 
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
 
 
 def _check_type(name: str, value: Any, expected: type) -> None:

@@ -10,18 +10,23 @@ run as Python ("eager"), and a ``GraphRecord`` per graph is kept for the report.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Sequence
 
 import torch
 
 from . import _compat
 from .config import GactConfig
+from .controller import ControllerSettings, GactController, TrackedTensor
 from .partitioner import GactPartitioner
+from .passes.plan import layout_of
 from .report import GraphRecord, Report, log_record
+from .runtime.table import RUNTIME_BITS
 
 log = logging.getLogger("gact_fx")
 
 _last_used: GactBackend | None = None
+_live_backends: weakref.WeakSet[GactBackend] = weakref.WeakSet()
 
 
 def resolve_compiler(requested: str, example_inputs: Sequence[object]) -> str:
@@ -43,6 +48,8 @@ class GactBackend:
             raise ValueError("pass either a GactConfig or keyword options, not both")
         self.config = config if config is not None else GactConfig.from_options(options)
         self.records: list[GraphRecord] = []
+        self.controller: GactController | None = _controller_for(self.config)
+        _live_backends.add(self)
 
     def __repr__(self) -> str:
         return f"GactBackend({self.config!r}, graphs={len(self.records)})"
@@ -54,19 +61,42 @@ class GactBackend:
         if options:
             config = GactConfig.from_options({**config.as_dict(), **options})
         compiler = resolve_compiler(config.compiler, example_inputs)
+        if config.adaptive and self.controller is None:
+            self.controller = _controller_for(config)
+        records_before = len(self.records)
         partitioner = GactPartitioner(
-            config, graph_index=len(self.records), compiler=compiler, on_record=self._add_record
+            config, graph_index=records_before, compiler=compiler, on_record=self._add_record
         )
-        with _compat.functorch_config().patch(enable_autograd_cache=False):
+        # No AOTAutograd cache: a hit would skip the partitioner, and with it the report and
+        # the controller's registration. No donated buffers in adaptive mode: the probe runs
+        # the backward again with retain_graph=True, which donated buffers forbid.
+        patches = {"enable_autograd_cache": False}
+        if config.adaptive:
+            patches["donated_buffer"] = False
+        with _compat.functorch_config().patch(patches):
             if compiler == "eager":
                 if mode not in (None, "default"):
                     log.warning("gact: mode=%r has no effect with compiler='eager'", mode)
-                return _compile_eager(gm, example_inputs, partitioner)
-            return _compile_inductor(gm, example_inputs, partitioner, mode)
+                compiled = _compile_eager(gm, example_inputs, partitioner)
+            else:
+                compiled = _compile_inductor(gm, example_inputs, partitioner, mode)
+        if len(self.records) == records_before:
+            return compiled  # an inference graph: nothing saved, nothing to do
+        record = self.records[-1]
+        record.parameters = [weakref.ref(t) for t in example_inputs if isinstance(t, torch.nn.Parameter)]
+        if config.adaptive:
+            region = self.controller.add_region(record.index, _tracked_tensors(record, config.initial_bits))
+            compiled = self.controller.wrap(region, compiled)
+        return compiled
 
     def _add_record(self, record: GraphRecord) -> None:
         self.records.append(record)
         log_record(record)
+
+    def owns(self, model: torch.nn.Module) -> list[GraphRecord]:
+        """The records of graphs whose parameters belong to ``model``."""
+        mine = {id(p) for p in model.parameters()}
+        return [r for r in self.records if any(ref() is not None and id(ref()) in mine for ref in r.parameters)]
 
     def report(self) -> Report:
         return Report(list(self.records))
@@ -75,6 +105,33 @@ class GactBackend:
         """Forget the records. (Deliberately not named ``reset``: ``torch._dynamo.reset()``
         calls that on backends, and a backend object the user holds keeps its history.)"""
         self.records.clear()
+
+
+def _controller_for(config: GactConfig) -> GactController | None:
+    if not config.adaptive:
+        return None
+    settings = ControllerSettings(
+        avg_bits=config.avg_bits,
+        adapt_interval=config.adapt_interval,
+        probe_bits=config.probe_bits,
+        probe_tensors=config.probe_tensors,
+    )
+    return GactController(settings)
+
+
+def _tracked_tensors(record: GraphRecord, initial_bits: int) -> list[TrackedTensor]:
+    """The run-time-bits compressions of a graph, named after what produced them."""
+    return [
+        TrackedTensor(
+            slot=c.slot,
+            name=c.label,
+            numel=layout_of(c.source.meta["val"]).numel,
+            itemsize=c.source.meta["val"].element_size(),
+            bits=initial_bits,
+        )
+        for c in record.plan.compressions
+        if c.bits == RUNTIME_BITS
+    ]
 
 
 def _compile_eager(gm, example_inputs, partitioner):
@@ -125,3 +182,11 @@ def last_report() -> Report:
     if _last_used is None:
         raise RuntimeError("no graph has been compiled with the gact backend (since the last torch._dynamo.reset())")
     return _last_used.report()
+
+
+def backend_of(model: torch.nn.Module) -> GactBackend:
+    """The live gact backend that compiled training graphs of ``model`` (compiled or not)."""
+    for backend in list(_live_backends):
+        if backend.owns(model):
+            return backend
+    raise LookupError("no gact backend has compiled a training step of this model (run one step first)")

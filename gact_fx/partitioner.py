@@ -7,6 +7,7 @@ its owner (the backend). It holds no global state.
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import logging
 import time
@@ -17,13 +18,26 @@ import torch.fx as fx
 from ._compat import partitioners
 from .config import GactConfig
 from .passes.masks import hoist_comparisons
-from .passes.plan import PlanOptions, plan_compression
+from .passes.plan import BitsChooser, Compression, PlanOptions, assign_bits, plan_compression
 from .passes.rewrite import apply_plan
 from .passes.saved import find_saved
 from .report import GraphRecord
 from .runtime.slots import allocate_slot
+from .runtime.table import RUNTIME_BITS
 
 log = logging.getLogger(__name__)
+
+
+def bits_chooser(config: GactConfig) -> BitsChooser:
+    """Per-tensor overrides first; then run-time bits (adaptive) or the uniform ``bits``."""
+
+    def choose(compression: Compression) -> int:
+        for pattern, bits in config.overrides:
+            if fnmatch.fnmatchcase(compression.label, pattern):
+                return bits
+        return RUNTIME_BITS if config.adaptive else compression.bits
+
+    return choose
 
 
 def stock_partitioner(name: str) -> Callable:
@@ -73,13 +87,15 @@ class GactPartitioner:
         if self.config.enabled and hoist_comparisons(fw, bw, saved):
             saved = find_saved(fw, bw, num_fwd_outputs, static_indices)
         options = PlanOptions(
-            bits=self.config.bits,
+            bits=self.config.initial_bits,
             group_size=self.config.group_size,
             min_numel=self.config.min_numel,
             compress_inputs=self.config.compress_inputs,
             enabled=self.config.enabled,
+            label_prefix=f"g{self.graph_index}/" if self.graph_index else "",
         )
         plan = plan_compression(saved, options, allocate_slot=allocate_slot)
+        plan = assign_bits(plan, bits_chooser(self.config), estimate_bits=self.config.initial_bits)
         record = GraphRecord.build(
             index=self.graph_index, compiler=self.compiler, config=self.config, baseline=baseline, saved=saved, plan=plan
         )

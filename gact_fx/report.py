@@ -13,9 +13,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from ._compat import hint
 from .config import GactConfig
 from .passes.plan import COMPRESSIBLE_KINDS, CompressionPlan, activation_nbytes, layout_of
 from .passes.saved import SavedGraph, SavedKind
+from .runtime.ops import blob_nbytes
+from .runtime.table import RUNTIME_BITS, TABLE
 
 log = logging.getLogger("gact_fx")
 
@@ -47,6 +50,17 @@ def _producer(node) -> str:
     return getattr(node.target, "__name__", str(node.target))
 
 
+def _current_bits(compression) -> tuple[int, int]:
+    """Bits and blob bytes now: run-time-bits slots are read from the slot table."""
+    if compression.bits != RUNTIME_BITS:
+        return compression.bits, compression.bytes_after
+    bits = TABLE.bits.get(compression.slot)
+    if bits is None:
+        return compression.bits, compression.bytes_after
+    val = compression.source.meta["val"]
+    return bits, hint(blob_nbytes(layout_of(val).numel, val.dtype, bits, compression.group_size))
+
+
 def _rows(index: int, saved: SavedGraph, plan: CompressionPlan) -> list[SavedTensorRow]:
     rows = []
     for value in saved.values:
@@ -58,13 +72,14 @@ def _rows(index: int, saved: SavedGraph, plan: CompressionPlan) -> list[SavedTen
         if compression is not None:
             first = compression.members[0].position == value.position
             stored = "compressed" if first else f"alias of {compression.name}"
+            bits, after = _current_bits(compression)
             rows.append(
                 SavedTensorRow(
                     **common,
-                    bits=compression.bits,
+                    bits=bits,
                     stored=stored,
                     bytes_before=compression.bytes_before if first else 0,
-                    bytes_after=compression.bytes_after if first else 0,
+                    bytes_after=after if first else 0,
                     producer=_producer(compression.source),
                     source=compression.name,
                     stored_numel=layout_of(compression.source.meta["val"]).numel if first else 0,
@@ -98,16 +113,21 @@ class GraphRecord:
     config: GactConfig
     saved: SavedGraph
     plan: CompressionPlan
-    rows: list[SavedTensorRow]
     baseline_activation_bytes: int  # what the stock partition saved, before any gact pass
     code_before: tuple[str, str] = ("", "")
     code_after: tuple[str, str] = ("", "")
     pass_seconds: float = 0.0
+    parameters: list = field(default_factory=list)  # weak references to the graph's parameters
 
     @classmethod
     def build(cls, *, index, compiler, config, baseline, saved, plan) -> GraphRecord:
         """``baseline``: the stock partition's saved values; ``saved``: after gact's own passes."""
-        return cls(index, compiler, config, saved, plan, _rows(index, saved, plan), activation_nbytes(baseline))
+        return cls(index, compiler, config, saved, plan, activation_nbytes(baseline))
+
+    @property
+    def rows(self) -> list[SavedTensorRow]:
+        """One row per saved value, with the bits in force now."""
+        return _rows(self.index, self.saved, self.plan)
 
     def attach_code(self, *, before: tuple[str, str], after: tuple[str, str]) -> None:
         self.code_before, self.code_after = before, after

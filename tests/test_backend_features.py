@@ -201,3 +201,12 @@ def test_dynamo_reset_starts_the_shared_backends_afresh():
     torch._dynamo.reset()
     with pytest.raises(RuntimeError, match="no graph has been compiled"):
         gact_fx.last_report()
+
+
+def test_max_pooling_compiles_on_the_eager_path():
+    # Inductor's max_pool2d decomposition needs torch._inductor.lowering imported.
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.MaxPool2d(3, 2, 1), nn.Flatten(), nn.Linear(8 * 7 * 7, 10))
+    x = torch.randn(4, 3, 16, 16)
+    (expected,), _ = compiled_grads(model, (x,), baseline_backend())
+    (got,), _ = compiled_grads(model, (x,), gact_fx.backend(bits=32))
+    assert torch.equal(got, expected)

@@ -8,8 +8,9 @@ touches a graph: ``rewrite.apply_plan`` does that.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +19,8 @@ import torch.fx as fx
 from .._compat import hint
 from ..runtime.ops import blob_nbytes
 from ..runtime.reference import FLOAT_DTYPES
+from ..runtime.table import RUNTIME_BITS
+from .names import unique_names
 from .saved import SavedGraph, SavedKind, SavedValue
 from .views import AliasPath, foreign_inputs, is_symint_node
 
@@ -76,16 +79,21 @@ class Member:
 class Compression:
     source: fx.Node  # forward node to quantize
     members: tuple[Member, ...]
-    bits: int  # 1 for bool (lossless)
+    bits: int  # 1 for bool (lossless); RUNTIME_BITS: read from the slot table at run time
     group_size: int
     perm: tuple[int, ...]
     slot: int
     bytes_before: int  # full-precision bytes that saving kept alive (aliases once)
     bytes_after: int  # blob bytes
+    label: str = ""  # unique human name (``passes.names``): what overrides and the controller use
 
     @property
     def name(self) -> str:
         return self.source.name
+
+    @property
+    def is_float(self) -> bool:
+        return self.source.meta["val"].dtype != torch.bool
 
 
 @dataclass(frozen=True)
@@ -109,6 +117,9 @@ class CompressionPlan:
     def skip_for(self, position: int) -> Skip | None:
         return next((s for s in self.skips if s.position == position), None)
 
+    def by_label(self) -> dict[str, Compression]:
+        return {c.label: c for c in self.compressions}
+
 
 @dataclass(frozen=True)
 class PlanOptions:
@@ -119,10 +130,11 @@ class PlanOptions:
     min_numel: int
     compress_inputs: bool
     enabled: bool = True
+    label_prefix: str = ""  # e.g. "g1/" for the second graph of a model
 
 
-# Chooses the bits of one compression source; receives its forward node name and the default.
-BitsChooser = Callable[[fx.Node, int], int]
+# Chooses the bits of one (float) compression; returns its current bits to keep them.
+BitsChooser = Callable[[Compression], int]
 
 
 def _replayable(path: AliasPath) -> bool:
@@ -143,10 +155,9 @@ def _dtype_reason(val: torch.Tensor) -> str | None:
 
 
 class _Planner:
-    def __init__(self, options: PlanOptions, allocate_slot: Callable[[], int], choose_bits: BitsChooser | None):
+    def __init__(self, options: PlanOptions, allocate_slot: Callable[[], int]):
         self.options = options
         self.allocate_slot = allocate_slot
-        self.choose_bits = choose_bits
         self.compressions: list[Compression] = []
         self.skips: list[Skip] = []
 
@@ -159,12 +170,7 @@ class _Planner:
         if source.meta.get("gact", {}).get("role") == "hoisted_mask":
             held = 0  # added by gact: not part of what the uncompressed graph saved
         layout = layout_of(val)
-        if val.dtype == torch.bool:
-            bits = 1
-        else:
-            bits = self.options.bits
-            if self.choose_bits is not None:
-                bits = self.choose_bits(source, bits)
+        bits = 1 if val.dtype == torch.bool else self.options.bits
         after = hint(blob_nbytes(layout.numel, val.dtype, bits, self.options.group_size))
         self.compressions.append(
             Compression(
@@ -218,21 +224,39 @@ def plan_compression(
     options: PlanOptions,
     *,
     allocate_slot: Callable[[], int],
-    choose_bits: BitsChooser | None = None,
 ) -> CompressionPlan:
-    """Decide, for every saved value, whether and how it is compressed.
+    """Decide, for every saved value, whether and how it is compressed, at ``options.bits``.
 
     ``allocate_slot`` numbers each compression (``runtime.slots.allocate_slot`` in the
-    backend; a plain counter in tests).
+    backend; a plain counter in tests). Each compression is labelled with a unique name;
+    ``assign_bits`` then sets per-tensor widths.
     """
-    planner = _Planner(options, allocate_slot, choose_bits)
+    planner = _Planner(options, allocate_slot)
     compressible = [v for v in saved.values if v.kind in COMPRESSIBLE_KINDS]
     for value in saved.values:
         if value.kind not in COMPRESSIBLE_KINDS:
             planner.skips.append(Skip(value.position, _SKIP_REASONS[value.kind], 0))
     for root, members in _group_by_root(compressible).items():
         planner.plan_group(root, members)
-    return CompressionPlan(tuple(planner.compressions), tuple(sorted(planner.skips, key=lambda s: s.position)))
+    labels = unique_names([c.source for c in planner.compressions], options.label_prefix)
+    compressions = tuple(dataclasses.replace(c, label=labels[c.source]) for c in planner.compressions)
+    return CompressionPlan(compressions, tuple(sorted(planner.skips, key=lambda s: s.position)))
+
+
+def assign_bits(plan: CompressionPlan, choose: BitsChooser, estimate_bits: int | None = None) -> CompressionPlan:
+    """A new plan with each float compression's bits set by ``choose`` (bools stay 1).
+
+    ``RUNTIME_BITS`` leaves the width to the slot table; its bytes are then estimated at
+    ``estimate_bits``.
+    """
+    updated = []
+    for compression in plan.compressions:
+        bits = choose(compression) if compression.is_float else compression.bits
+        val = compression.source.meta["val"]
+        shown = estimate_bits if bits == RUNTIME_BITS else bits
+        after = hint(blob_nbytes(layout_of(val).numel, val.dtype, shown, compression.group_size))
+        updated.append(dataclasses.replace(compression, bits=bits, bytes_after=after))
+    return dataclasses.replace(plan, compressions=tuple(updated))
 
 
 def activation_nbytes(saved: SavedGraph) -> int:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from .._compat import detect_fake_mode
+from .._compat import detect_fake_mode, unbacked_bindings
 from ..runtime import ops as _ops  # noqa: F401  (registers torch.ops.gact)
+from ..runtime.table import RUNTIME_BITS
 from .plan import Compression, CompressionPlan
 from .saved import SavedGraph, output_node
 from .section import SavedSection, finish, set_val
@@ -31,6 +32,8 @@ def _insert_quantize(fw: fx.GraphModule, compression: Compression, fake_mode) ->
         node = fw.graph.call_function(QUANTIZE, args, name=f"gact_blob_{source.name}")
     with fake_mode:
         set_val(node, QUANTIZE(source.meta["val"], *args[1:]))
+    if compression.bits == RUNTIME_BITS:  # the blob's length is data-dependent: say where it is bound
+        node.meta["unbacked_bindings"] = unbacked_bindings(fake_mode, node.meta["val"])
     # Inductor must hand the op its input in the compile-time layout (see the op's tags).
     node.meta["eager_input_vals"] = ((source.meta["val"], *args[1:]), {})
     node.meta["gact"] = {"role": "quantize", "source": source.name, "bits": compression.bits, "slot": compression.slot}
@@ -58,7 +61,7 @@ def _compress(section: SavedSection, compression: Compression, fake_mode) -> Non
     source = compression.source
     val = source.meta["val"]
     shape = [section.size(source, dim, blob) for dim in range(val.dim())]
-    args = (blob_in, shape, val.dtype, compression.group_size, list(compression.perm))
+    args = (blob_in, shape, val.dtype, compression.group_size, list(compression.perm), compression.slot)
     with bw.graph.inserting_before(_first_user(bw, old)):
         decoded = bw.graph.call_function(DEQUANTIZE, args, name=f"gact_decoded_{source.name}")
         with fake_mode:

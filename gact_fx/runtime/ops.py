@@ -7,11 +7,14 @@
     chosen by the pass so that this permute is a no-op for the layout seen at compile
     time. ``slot`` names the saved-tensor site; it picks the rounding seed
     (``runtime.seeds``). bool tensors are packed losslessly at 1 bit whatever ``bits``.
+    ``bits == 0`` (``runtime.table.RUNTIME_BITS``) reads the width from the slot table at
+    run time; the blob's length is then a data-dependent (unbacked) size.
 
-``gact::dequantize(Tensor blob, SymInt[] shape, ScalarType dtype, int group_size, int[] perm) -> Tensor``
+``gact::dequantize(Tensor blob, SymInt[] shape, ScalarType dtype, int group_size, int[] perm, int slot) -> Tensor``
     Decodes a blob to a tensor of ``shape`` and ``dtype`` whose strides are compact in
     the dimension order ``perm`` (the original strides whenever the original tensor was
     dense). The bit width is read from the blob's length, so it needs no host sync.
+    During a sensitivity probe the slot table may substitute the slot's exact values.
 
 Both ops are functional (no mutation, outputs never alias inputs) and have fake
 implementations, so they trace under FakeTensor and dynamic shapes and pass
@@ -29,6 +32,7 @@ import torch
 from . import format as fmt
 from .reference import dequantize_reference, quantize_reference, rounding_noise
 from .seeds import DEFAULT_SEEDS
+from .table import EXACT, RUNTIME_BITS, TABLE
 
 
 def inverse_permutation(perm: Sequence[int]) -> list[int]:
@@ -56,26 +60,34 @@ def quantize(
     x: torch.Tensor, bits: int, group_size: int, perm: Sequence[int], slot: int
 ) -> torch.Tensor:
     flat = x.permute(list(perm)).reshape(-1)
+    if slot in TABLE.stash_slots:
+        TABLE.stash[slot] = flat.clone()  # a copy: the compiler may reuse x's buffer
+    if bits == RUNTIME_BITS:
+        bits = TABLE.bits_for(slot)
+    return encode(flat, bits, group_size, DEFAULT_SEEDS.next_seed(slot))
+
+
+def encode(flat: torch.Tensor, bits: int, group_size: int, seed: int) -> torch.Tensor:
+    """Blob of a 1-D tensor, with rounding noise drawn from ``seed``."""
     noise = None
-    if x.dtype != torch.bool and bits != fmt.PASS_THROUGH_BITS and flat.numel():
-        noise = rounding_noise(
-            fmt.num_groups(flat.numel(), group_size),
-            group_size,
-            DEFAULT_SEEDS.next_seed(slot),
-            x.device,
-        )
+    if flat.dtype != torch.bool and bits != fmt.PASS_THROUGH_BITS and flat.numel():
+        noise = rounding_noise(fmt.num_groups(flat.numel(), group_size), group_size, seed, flat.device)
     return quantize_reference(flat, bits, group_size, noise)
 
 
 @quantize.register_fake
 def _quantize_fake(x, bits, group_size, perm, slot):
-    return x.new_empty((blob_nbytes(x.numel(), x.dtype, bits, group_size),), dtype=torch.uint8)
+    if bits == RUNTIME_BITS:
+        nbytes = torch.library.get_ctx().new_dynamic_size()
+    else:
+        nbytes = blob_nbytes(x.numel(), x.dtype, bits, group_size)
+    return x.new_empty((nbytes,), dtype=torch.uint8)
 
 
 @torch.library.custom_op(
     "gact::dequantize",
     mutates_args=(),
-    schema="(Tensor blob, SymInt[] shape, ScalarType dtype, int group_size, int[] perm) -> Tensor",
+    schema="(Tensor blob, SymInt[] shape, ScalarType dtype, int group_size, int[] perm, int slot) -> Tensor",
 )
 def dequantize(
     blob: torch.Tensor,
@@ -83,12 +95,20 @@ def dequantize(
     dtype: torch.dtype,
     group_size: int,
     perm: Sequence[int],
+    slot: int,
 ) -> torch.Tensor:
-    flat = dequantize_reference(blob, math.prod(shape), dtype, group_size)
+    override = TABLE.decode.get(slot)
+    if override is None:
+        flat = dequantize_reference(blob, math.prod(shape), dtype, group_size)
+    elif override is EXACT:
+        flat = TABLE.stash[slot].clone()  # a copy: the backward may write into its inputs
+    else:
+        stashed = TABLE.stash[slot]
+        flat = dequantize_reference(encode(stashed, override.bits, group_size, override.seed), stashed.numel(), dtype, group_size)
     return flat.view([shape[dim] for dim in perm]).permute(inverse_permutation(perm))
 
 
 @dequantize.register_fake
-def _dequantize_fake(blob, shape, dtype, group_size, perm):
+def _dequantize_fake(blob, shape, dtype, group_size, perm, slot):
     permuted = blob.new_empty([shape[dim] for dim in perm], dtype=dtype)
     return permuted.permute(inverse_permutation(perm))

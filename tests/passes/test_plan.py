@@ -2,7 +2,7 @@ import itertools
 
 import torch
 
-from gact_fx.passes.plan import PlanOptions, layout_of, plan_compression
+from gact_fx.passes.plan import PlanOptions, assign_bits, layout_of, plan_compression
 from gact_fx.passes.saved import find_saved
 from gact_fx.runtime import format as fmt
 
@@ -96,13 +96,9 @@ def test_integer_tensors_pass_through():
     assert plan.compressions == () and "int64 passes through" in plan.skips[0].reason
 
 
-def test_a_bits_chooser_overrides_the_default():
-    fw, bw, num_out, static, _ = linear_relu_pair()
-    saved = find_saved(fw, bw, num_out, static)
-    plan = plan_compression(
-        saved,
-        PlanOptions(bits=8, group_size=64, min_numel=0, compress_inputs=True),
-        allocate_slot=itertools.count().__next__,
-        choose_bits=lambda node, default: 2 if node.name == "relu" else default,
-    )
+def test_compressions_are_labelled_and_bits_assigned_by_label():
+    _, plan = plan_for(linear_relu_pair(), label_prefix="g1/")
+    assert [c.label for c in plan.compressions] == ["g1/input", "g1/relu"]
+    plan = assign_bits(plan, lambda c: 2 if c.label.endswith("relu") else c.bits)
     assert {c.name: c.bits for c in plan.compressions} == {"x": 8, "relu": 2}
+    assert plan.compressions[1].bytes_after == fmt.float_blob_nbytes(32 * 64, 2, 64, 4)

@@ -24,22 +24,22 @@ def test_opcheck(dtype, bits, pinned_slot):
     x = torch.randn(6, 50, dtype=dtype)
     torch.library.opcheck(quantize, (x, bits, 64, [0, 1], pinned_slot))
     blob = quantize(x, bits, 64, [0, 1], pinned_slot)
-    torch.library.opcheck(dequantize, (blob, [6, 50], dtype, 64, [0, 1]))
+    torch.library.opcheck(dequantize, (blob, [6, 50], dtype, 64, [0, 1], pinned_slot))
 
 
 def test_opcheck_bool(pinned_slot):
     mask = torch.rand(3, 70) > 0.3
     torch.library.opcheck(quantize, (mask, 2, 64, [0, 1], pinned_slot))
     blob = quantize(mask, 2, 64, [0, 1], pinned_slot)
-    torch.library.opcheck(dequantize, (blob, [3, 70], torch.bool, 64, [0, 1]))
-    assert torch.equal(dequantize(blob, [3, 70], torch.bool, 64, [0, 1]), mask)
+    torch.library.opcheck(dequantize, (blob, [3, 70], torch.bool, 64, [0, 1], pinned_slot))
+    assert torch.equal(dequantize(blob, [3, 70], torch.bool, 64, [0, 1], pinned_slot), mask)
 
 
 @pytest.mark.parametrize("bits", fmt.SUPPORTED_BITS)
 def test_dequantize_reads_the_bits_from_the_blob(bits):
     x = torch.randn(300)
     blob = quantize(x, bits, 64, [0], 0)
-    y = dequantize(blob, [300], torch.float32, 64, [0])
+    y = dequantize(blob, [300], torch.float32, 64, [0], 0)
     assert blob.numel() == fmt.float_blob_nbytes(300, bits, 64, 4)
     assert (y - x).abs().max() <= (x.max() - x.min()) / (2**bits - 1) + 1e-6
 
@@ -47,13 +47,13 @@ def test_dequantize_reads_the_bits_from_the_blob(bits):
 def test_channels_last_layout_is_restored_exactly():
     x = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
     perm = [0, 2, 3, 1]  # dense order of channels_last
-    y = dequantize(quantize(x, 32, 64, perm, 0), list(x.shape), x.dtype, 64, perm)
+    y = dequantize(quantize(x, 32, 64, perm, 0), list(x.shape), x.dtype, 64, perm, 0)
     assert torch.equal(x, y) and y.stride() == x.stride()
 
 
 def test_non_dense_input_comes_back_compact_in_the_same_order():
     x = torch.randn(10, 8)[:, :5]  # strides (8, 1): a gap after each row
-    y = dequantize(quantize(x, 32, 64, [0, 1], 0), [10, 5], x.dtype, 64, [0, 1])
+    y = dequantize(quantize(x, 32, 64, [0, 1], 0), [10, 5], x.dtype, 64, [0, 1], 0)
     assert torch.equal(x, y) and y.stride() == (5, 1)
 
 

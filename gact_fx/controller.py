@@ -1,0 +1,266 @@
+"""Adaptive bits at run time: sensitivities, the bit allocation, and when to re-measure.
+
+One ``GactController`` per backend. Every compiled training graph becomes a ``Region``
+whose float activations were compiled with run-time bits; the controller writes their
+widths into the slot table (``runtime.table``) and changes them without recompiling.
+
+Sensitivity probe (GACT's estimator, without a closure from the user): on a probe step
+the region's forward also keeps exact copies of a few tensors (at most
+``probe_tensors``, in rotation). When the backward reaches the region, a hook that
+receives the real output gradients re-runs the region's compiled backward
+(``torch.autograd.grad(..., retain_graph=True)``): once with those tensors exact, then
+once per tensor with only it quantized at ``probe_bits`` bits. Each difference gives
+``C_l = ||g_l - g_exact||^2 / S(probe_bits)``, GACT's definition (``E||g(s) - g(s')||^2 =
+2 C_l S(b)`` for two seeds is twice the same thing). The step's own backward then uses
+the exact copies, so a probe step trains uncompressed for those tensors. Probing runs on
+every step until each tensor has been measured once, then every ``adapt_interval``
+forward calls; after each, the bits are re-solved (``allocation.solve``) under the
+average-bits budget, which holds per compiled graph.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from .allocation import AllocationProblem, quantization_variance, solve
+from .runtime.seeds import DEFAULT_SEEDS
+from .runtime.table import EXACT, TABLE, Requantize
+
+log = logging.getLogger("gact_fx")
+
+
+@dataclass
+class TrackedTensor:
+    slot: int
+    name: str
+    numel: int
+    itemsize: int
+    bits: int
+    sensitivity: float | None = None
+
+
+@dataclass
+class Region:
+    """The run-time-bits tensors of one compiled graph, and its probe schedule."""
+
+    index: int
+    tensors: list[TrackedTensor]
+    calls: int = 0
+    next_probe: int = 0  # rotation pointer into ``tensors``
+    adaptations: int = 0
+    parameter_ids: frozenset[int] = frozenset()
+
+    @property
+    def fully_measured(self) -> bool:
+        return all(t.sensitivity is not None for t in self.tensors)
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    avg_bits: float
+    adapt_interval: int
+    probe_bits: int
+    probe_tensors: int
+
+
+class GactController:
+    def __init__(self, settings: ControllerSettings) -> None:
+        self.settings = settings
+        self.regions: dict[int, Region] = {}
+        self._pending_state: dict | None = None
+
+    # -- registration --------------------------------------------------------------------
+
+    def add_region(self, index: int, tensors: Sequence[TrackedTensor]) -> Region:
+        for tensor in tensors:
+            TABLE.bits[tensor.slot] = tensor.bits
+        region = Region(index, list(tensors))
+        self.regions[index] = region
+        if self._pending_state is not None:
+            self._apply_state(region, self._pending_state)
+        return region
+
+    def wrap(self, region: Region, compiled_forward: Callable) -> Callable:
+        """The compiled forward, counting calls and probing when it is time."""
+
+        @functools.wraps(compiled_forward)
+        def forward(*args):
+            region.calls += 1
+            if not (torch.is_grad_enabled() and self._probe_due(region)):
+                return compiled_forward(*args)
+            return self._probe_step(region, compiled_forward, args)
+
+        return forward
+
+    # -- views ---------------------------------------------------------------------------
+
+    def tensors(self) -> list[TrackedTensor]:
+        return [t for region in self.regions.values() for t in region.tensors]
+
+    def bits(self) -> dict[str, int]:
+        return {t.name: t.bits for t in self.tensors()}
+
+    def sensitivities(self) -> dict[str, float | None]:
+        return {t.name: t.sensitivity for t in self.tensors()}
+
+    @property
+    def adapt_interval(self) -> int:
+        return self.settings.adapt_interval
+
+    def average_bits(self, region: Region | None = None) -> float:
+        tensors = region.tensors if region else self.tensors()
+        total = sum(t.numel for t in tensors)
+        return sum(t.bits * t.numel for t in tensors) / total if total else 0.0
+
+    # -- probing -------------------------------------------------------------------------
+
+    def _probe_due(self, region: Region) -> bool:
+        if not region.tensors:
+            return False
+        if not region.fully_measured:
+            return True
+        return (region.calls - 1) % self.settings.adapt_interval == 0
+
+    def _probe_targets(self, region: Region) -> list[TrackedTensor]:
+        unmeasured = [t for t in region.tensors if t.sensitivity is None]
+        pool = unmeasured or region.tensors
+        count = min(self.settings.probe_tensors, len(pool))
+        start = 0 if unmeasured else region.next_probe % len(pool)
+        chosen = [pool[(start + k) % len(pool)] for k in range(count)]
+        if not unmeasured:
+            region.next_probe = start + count
+        return chosen
+
+    def _probe_step(self, region: Region, compiled_forward: Callable, args) -> object:
+        targets = self._probe_targets(region)
+        slots = frozenset(t.slot for t in targets)
+        wrt = _gradient_targets(args)
+        TABLE.stash_slots = slots
+        try:
+            outputs = compiled_forward(*args)
+        finally:
+            TABLE.stash_slots = frozenset()
+        flat_outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+        differentiable = [o for o in flat_outputs if isinstance(o, torch.Tensor) and o.requires_grad]
+        if not differentiable or not wrt:
+            TABLE.release(slots)
+            return outputs
+
+        def on_output_gradients(gradients):
+            try:
+                self._measure(region, targets, differentiable, gradients, wrt)
+            except Exception:
+                TABLE.release(slots)
+                raise
+            _after_backward_of(differentiable, lambda: TABLE.release(slots))
+
+        torch.autograd.graph.register_multi_grad_hook(differentiable, on_output_gradients, mode="all")
+        return outputs
+
+    def _measure(self, region, targets, outputs, gradients, wrt) -> None:
+        used = [(o, g) for o, g in zip(outputs, gradients) if g is not None]
+        if not used:
+            return
+        outs, grads = [o for o, _ in used], [g for _, g in used]
+
+        def gradient() -> torch.Tensor:
+            with torch.enable_grad():
+                result = torch.autograd.grad(outs, wrt, grads, retain_graph=True, allow_unused=True)
+            return torch.cat([r.detach().flatten().float() for r in result if r is not None])
+
+        scale = quantization_variance(self.settings.probe_bits)
+        for target in targets:
+            TABLE.decode[target.slot] = EXACT
+        exact = gradient()
+        for target in targets:
+            TABLE.decode[target.slot] = Requantize(self.settings.probe_bits, DEFAULT_SEEDS.next_seed(target.slot))
+            squared = float(((gradient() - exact) ** 2).sum())
+            TABLE.decode[target.slot] = EXACT  # the step's own backward then uses exact values
+            target.sensitivity = squared / scale if math.isfinite(squared) else math.inf
+        if region.fully_measured:
+            self._allocate(region)
+
+    def _allocate(self, region: Region) -> None:
+        adaptive = region.tensors
+        problem = AllocationProblem.from_average(
+            [t.sensitivity for t in adaptive],
+            [t.numel for t in adaptive],
+            self.settings.avg_bits,
+            full_bits=tuple(8 * t.itemsize for t in adaptive),
+        )
+        for tensor, bits in zip(adaptive, solve(problem)):
+            tensor.bits = bits
+            TABLE.bits[tensor.slot] = bits
+        region.adaptations += 1
+        histogram = {b: sum(1 for t in adaptive if t.bits == b) for b in sorted({t.bits for t in adaptive})}
+        log.info(
+            "gact adapted graph %d at call %d: %d tensors, %.2f average bits (budget %.2f), "
+            "predicted gradient variance %.3g, bits %s",
+            region.index, region.calls, len(adaptive), self.average_bits(region), self.settings.avg_bits,
+            problem.variance([t.bits for t in adaptive]), histogram,
+        )
+
+    # -- checkpointing -------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        return {
+            "version": 1,
+            "regions": {
+                region.index: {
+                    "calls": region.calls,
+                    "next_probe": region.next_probe,
+                    "adaptations": region.adaptations,
+                    "tensors": {t.name: {"bits": t.bits, "sensitivity": t.sensitivity} for t in region.tensors},
+                }
+                for region in self.regions.values()
+            },
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore bits, sensitivities and the schedule; regions compiled later get theirs then."""
+        if state.get("version") != 1:
+            raise ValueError(f"unknown gact controller state version {state.get('version')!r}")
+        self._pending_state = state
+        for region in self.regions.values():
+            self._apply_state(region, state)
+
+    def _apply_state(self, region: Region, state: dict) -> None:
+        saved = state["regions"].get(region.index) or state["regions"].get(str(region.index))
+        if saved is None:
+            return
+        by_name = saved["tensors"]
+        for tensor in region.tensors:
+            if tensor.name in by_name:
+                tensor.bits = by_name[tensor.name]["bits"]
+                tensor.sensitivity = by_name[tensor.name]["sensitivity"]
+                TABLE.bits[tensor.slot] = tensor.bits
+        region.calls = saved["calls"]
+        region.next_probe = saved["next_probe"]
+        region.adaptations = saved["adaptations"]
+
+
+def _gradient_targets(args) -> list[torch.Tensor]:
+    """What the probe differentiates: the graph's parameters, else its inputs that need grad."""
+    needing = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    parameters = [a for a in needing if isinstance(a, torch.nn.Parameter)]
+    return parameters or needing
+
+
+def _after_backward_of(outputs: list[torch.Tensor], callback: Callable[[], None]) -> None:
+    """Run ``callback`` once the autograd node that produced ``outputs`` has run backward."""
+    node = outputs[0].grad_fn
+    seen = set()
+    while node is not None and "CompiledFunction" not in node.name() and node not in seen:
+        seen.add(node)
+        parents = [n for n, _ in node.next_functions if n is not None]
+        node = parents[0] if len(parents) == 1 else None
+    if node is None:
+        callback()  # nothing found to wait for: release now rather than leak
+        return
+    node.register_hook(lambda *_: callback())

@@ -1,0 +1,53 @@
+"""Human names for saved tensors: the module and the function that produced them.
+
+``fc1:linear``, ``encoder.layer.0.attention.self.query:linear``, ``gelu``: taken from the
+``nn_module_stack`` and ``source_fn_stack`` metadata Dynamo leaves on nodes, so that bits,
+sensitivities and per-tensor overrides can be read and written by name.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch.fx as fx
+
+_SELF = re.compile(r"^L\['self'\]\.?|^L\['(\w+)'\]\.?")
+_INDEX = re.compile(r"\[(\d+)\]")
+_KEY = re.compile(r"\['([^']+)'\]")
+
+
+def module_path(node: fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path, _ = list(stack.values())[-1]
+    path = _SELF.sub(lambda m: "" if m.group(1) is None else f"{m.group(1)}.", path)
+    path = _INDEX.sub(r".\1", path)
+    path = _KEY.sub(r".\1", path).replace("._modules.", ".").replace("_modules.", "")
+    return path.strip(".")
+
+
+def function_name(node: fx.Node) -> str:
+    stack = node.meta.get("source_fn_stack") or []
+    if stack:
+        name = stack[-1][0]
+        return re.sub(r"_\d+$", "", str(name))
+    if node.op == "placeholder":
+        return "input"
+    return getattr(node.target, "__name__", str(node.target)).split(".")[0]
+
+
+def tensor_name(node: fx.Node) -> str:
+    module, function = module_path(node), function_name(node)
+    return f"{module}:{function}" if module else function
+
+
+def unique_names(nodes: list[fx.Node], prefix: str = "") -> dict[fx.Node, str]:
+    """``tensor_name`` of each node, with ``#2``, ``#3``... on repeats and an optional prefix."""
+    seen: dict[str, int] = {}
+    names = {}
+    for node in nodes:
+        base = prefix + tensor_name(node)
+        seen[base] = seen.get(base, 0) + 1
+        names[node] = base if seen[base] == 1 else f"{base}#{seen[base]}"
+    return names

@@ -1,0 +1,127 @@
+"""Adaptive bits: the probe, the allocation, levels, overrides and checkpointing."""
+
+import itertools
+import logging
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import gact_fx
+from gact_fx.allocation import quantization_variance
+from gact_fx.config import GactConfig
+from gact_fx.runtime.table import TABLE
+
+from .helpers import compiled_grads, model_case, projection_loss
+
+
+def train_steps(model, inputs, backend, steps):
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    for _ in range(steps):
+        model.zero_grad(set_to_none=True)
+        projection_loss(compiled(*inputs)).backward()
+    return compiled
+
+
+def spearman(a: dict, b: dict) -> float:
+    rank_a = {k: r for r, k in enumerate(sorted(a, key=a.get))}
+    rank_b = {k: r for r, k in enumerate(sorted(b, key=b.get))}
+    n = len(a)
+    return 1 - 6 * sum((rank_a[k] - rank_b[k]) ** 2 for k in a) / (n * (n * n - 1))
+
+
+def test_levels_are_gacts():
+    assert GactConfig.from_options({"level": "L0"}).enabled is False
+    assert [GactConfig.from_options({"level": lvl}).bits for lvl in ("L1", "L1.1", "L1.2")] == [4, 8, 2]
+    assert [GactConfig.from_options({"level": lvl}).avg_bits for lvl in ("L2", "L2.1", "L2.2")] == [4, 3, 2]
+    with pytest.raises(ValueError, match="do not also pass"):
+        GactConfig.from_options({"level": "L2", "avg_bits": 3})
+
+
+def test_adaptation_respects_the_budget_logs_and_never_recompiles(caplog):
+    model, inputs = model_case("block")
+    backend = gact_fx.backend(avg_bits=2, adapt_interval=3, probe_tensors=3)
+    counters.clear()
+    with caplog.at_level(logging.INFO, logger="gact_fx"):
+        train_steps(model, inputs, backend, 10)
+    controller = backend.controller
+    (region,) = controller.regions.values()
+    assert all(t.sensitivity is not None and t.sensitivity > 0 for t in region.tensors)
+    assert controller.average_bits() <= 2.0 + 1e-9
+    assert len(set(controller.bits().values())) > 1  # a mixed allocation
+    assert region.adaptations >= 3  # after the first full measurement, then every 3 calls
+    adapted = [m for m in caplog.messages if m.startswith("gact adapted graph 0")]
+    assert len(adapted) == region.adaptations and "budget 2.00" in adapted[0]
+    assert counters["stats"]["unique_graphs"] == 1
+    assert TABLE.stash == {} and all(slot not in TABLE.decode for slot in (t.slot for t in region.tensors))
+    rows = {r.slot: r.bits for r in backend.report().rows if r.slot is not None}
+    assert all(rows[t.slot] == t.bits for t in region.tensors)  # the report shows the bits in force
+
+
+def test_the_estimator_ranks_tensors_like_the_brute_force_definition():
+    model, inputs = model_case("block")
+    backend = gact_fx.backend(avg_bits=2, probe_tensors=100)
+    compiled_grads(model, inputs, backend)
+    estimated = backend.controller.sensitivities()
+    brute_force = {}
+    for name in estimated:  # E||g(s) - g(s')||^2 / (2 S(2)), only this tensor quantized
+        torch._dynamo.reset()
+        draws, _ = compiled_grads(model, inputs, gact_fx.backend(bits=32, overrides={name: 2}), steps=5)
+        pairs = list(itertools.combinations(draws, 2))
+        squared = sum(float(((a - b) ** 2).sum()) for a, b in pairs) / len(pairs)
+        brute_force[name] = squared / (2 * quantization_variance(2))
+    assert spearman(estimated, brute_force) >= 0.9
+    for name in estimated:
+        assert estimated[name] == pytest.approx(brute_force[name], rel=0.5)
+
+
+def test_a_probe_step_trains_on_exact_values():
+    model, inputs = model_case("mlp")
+    (expected,), _ = compiled_grads(model, inputs, gact_fx.backend(enabled=False))
+    (probed,), _ = compiled_grads(model, inputs, gact_fx.backend(avg_bits=1, probe_tensors=100))
+    assert torch.equal(probed, expected)  # every tensor probed: the step used exact values
+
+
+def test_state_dict_round_trip_keeps_the_allocation():
+    model, inputs = model_case("block")
+    first = gact_fx.backend(avg_bits=2, probe_tensors=100, adapt_interval=50)
+    train_steps(model, inputs, first, 3)
+    state = first.controller.state_dict()
+    torch._dynamo.reset()
+    resumed = gact_fx.backend(avg_bits=2, probe_tensors=100, adapt_interval=50)
+    resumed.controller.load_state_dict(state)  # before the first compile: applied on registration
+    train_steps(model, inputs, resumed, 1)
+    assert resumed.controller.bits() == first.controller.bits()
+    assert resumed.controller.sensitivities() == first.controller.sensitivities()
+    (region,) = resumed.controller.regions.values()
+    assert region.calls == 4 and region.adaptations == 1  # no re-probe: the schedule continued
+
+
+def test_overrides_pin_tensors_outside_the_adaptive_budget():
+    model, inputs = model_case("block")
+    backend = gact_fx.backend(avg_bits=2, probe_tensors=100, overrides={"ln*": 8, "gelu": 32})
+    compiled_grads(model, inputs, backend)
+    bits = {r.source: r.bits for r in backend.report().rows if r.stored == "compressed" and r.dtype != "bool"}
+    labels = {c.name: c.label for c in backend.records[0].plan.compressions}
+    by_label = {labels[k]: v for k, v in bits.items()}
+    assert by_label["ln1:layer_norm"] == by_label["ln2:layer_norm"] == 8 and by_label["gelu"] == 32
+    assert set(backend.controller.bits()) == set(by_label) - {"ln1:layer_norm", "ln2:layer_norm", "gelu"}
+
+
+def test_uniform_overrides():
+    model, inputs = model_case("block")
+    backend = gact_fx.backend(bits=2, overrides={"*linear": 8})
+    compiled_grads(model, inputs, backend)
+    by_label = {c.label: c.bits for c in backend.records[0].plan.compressions}
+    assert by_label["qkv:linear"] == by_label["fc1:linear"] == 8 and by_label["gelu"] == 2
+    assert backend.controller is None
+
+
+def test_adaptive_on_the_inductor_path():
+    model, inputs = model_case("mlp")
+    backend = gact_fx.backend(avg_bits=2, compiler="inductor", adapt_interval=2, probe_tensors=100)
+    counters.clear()
+    train_steps(model, inputs, backend, 4)
+    (region,) = backend.controller.regions.values()
+    assert region.adaptations == 2 and counters["stats"]["unique_graphs"] == 1
+    assert backend.controller.average_bits() <= 2.0 + 1e-9
