@@ -6,7 +6,7 @@ Importing this package starts neither CUDA nor Triton nor Dynamo.
 """
 
 from .config import GactConfig
-from .dynamo_backend import GactBackend, last_report
+from .dynamo_backend import GactBackend, GactCompileError, last_report
 from .report import GraphRecord, Report, SavedTensorRow
 from .runtime.seeds import manual_seed
 
@@ -24,6 +24,7 @@ def backend(config: GactConfig | None = None, **options) -> GactBackend:
 
 __all__ = [
     "GactBackend",
+    "GactCompileError",
     "GactConfig",
     "GraphRecord",
     "Report",

@@ -7,6 +7,9 @@ the functions that need them so that ``import gact_fx`` stays light.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+
 import torch
 from torch.fx.experimental.symbolic_shapes import optimization_hint as _optimization_hint
 
@@ -120,3 +123,32 @@ def extract_tensor_metadata(val):
     from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
     return _extract_tensor_metadata(val)
+
+
+@contextlib.contextmanager
+def dynamic_output_shapes_allowed():
+    """Let fake impls return data-dependent sizes during this compile (run-time bits need it).
+
+    Dynamo only allows them under ``fullgraph=True`` or ``capture_dynamic_output_shape_ops``;
+    otherwise ``new_dynamic_size()`` raises an exception Dynamo turns into a silent graph break.
+    """
+    from torch._guards import TracingContext
+
+    context = TracingContext.try_get()
+    shape_env = getattr(getattr(context, "fake_mode", None), "shape_env", None)
+    if shape_env is None:
+        yield
+        return
+    previous = shape_env.settings  # a frozen ShapeEnvSettings (part of fake-dispatch cache keys)
+    shape_env.settings = dataclasses.replace(previous, allow_dynamic_output_shape_ops=True)
+    try:
+        yield
+    finally:
+        shape_env.settings = previous
+
+
+def fallback_exceptions() -> tuple[type[BaseException], ...]:
+    """Exceptions Dynamo turns into a graph break (an uncompiled model) when a backend raises them."""
+    from torch._dynamo.exc import exceptions_allowed_to_be_fallback
+
+    return tuple(exceptions_allowed_to_be_fallback)

@@ -25,6 +25,11 @@ from .runtime.table import RUNTIME_BITS
 
 log = logging.getLogger("gact_fx")
 
+class GactCompileError(RuntimeError):
+    """gact could not compile a graph. Raised instead of exceptions that Dynamo would
+    quietly turn into a graph break, leaving that part of the model uncompressed."""
+
+
 _last_used: GactBackend | None = None
 _live_backends: weakref.WeakSet[GactBackend] = weakref.WeakSet()
 
@@ -73,13 +78,20 @@ class GactBackend:
         patches = {"enable_autograd_cache": False}
         if config.adaptive:
             patches["donated_buffer"] = False
-        with _compat.functorch_config().patch(patches):
-            if compiler == "eager":
-                if mode not in (None, "default"):
-                    log.warning("gact: mode=%r has no effect with compiler='eager'", mode)
-                compiled = _compile_eager(gm, example_inputs, partitioner)
-            else:
-                compiled = _compile_inductor(gm, example_inputs, partitioner, mode)
+        if compiler == "eager" and mode not in (None, "default"):
+            log.warning("gact: mode=%r has no effect with compiler='eager'", mode)
+        try:
+            with _compat.functorch_config().patch(patches), _compat.dynamic_output_shapes_allowed():
+                if compiler == "eager":
+                    compiled = _compile_eager(gm, example_inputs, partitioner)
+                else:
+                    compiled = _compile_inductor(gm, example_inputs, partitioner, mode)
+        except _compat.fallback_exceptions() as error:
+            raise GactCompileError(
+                f"gact could not compile this graph ({type(error).__name__}: {error}). Refusing to let "
+                "Dynamo fall back to running it uncompressed; pass options={'enabled': False} to "
+                "compile without gact."
+            ) from error
         if len(self.records) == records_before:
             return compiled  # an inference graph: nothing saved, nothing to do
         record = self.records[-1]

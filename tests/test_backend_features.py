@@ -210,3 +210,16 @@ def test_max_pooling_compiles_on_the_eager_path():
     (expected,), _ = compiled_grads(model, (x,), baseline_backend())
     (got,), _ = compiled_grads(model, (x,), gact_fx.backend(bits=32))
     assert torch.equal(got, expected)
+
+
+def test_exceptions_dynamo_would_fall_back_on_become_errors(monkeypatch):
+    from torch._subclasses.fake_tensor import DynamicOutputShapeException
+
+    def broken(*args, **kwargs):
+        raise DynamicOutputShapeException(torch.ops.aten.nonzero.default)
+
+    monkeypatch.setattr(gact_fx.partitioner, "plan_compression", broken)
+    model, inputs = model_case("mlp")
+    compiled = torch.compile(model, backend=gact_fx.backend())  # no fullgraph: Dynamo could fall back
+    with pytest.raises(Exception, match="Refusing to let Dynamo fall back"):
+        compiled(*inputs)

@@ -125,3 +125,15 @@ def test_adaptive_on_the_inductor_path():
     (region,) = backend.controller.regions.values()
     assert region.adaptations == 2 and counters["stats"]["unique_graphs"] == 1
     assert backend.controller.average_bits() <= 2.0 + 1e-9
+
+
+def test_adaptive_mode_without_fullgraph_compiles_whole_and_compressed():
+    # Run-time bits make data-dependent blob sizes, which Dynamo only allows under
+    # fullgraph=True unless gact enables them: else a silent graph break, uncompressed.
+    model, inputs = model_case("block")
+    backend = gact_fx.backend(avg_bits=2)
+    counters.clear()
+    compiled = torch.compile(model, backend=backend)
+    projection_loss(compiled(*inputs)).backward()
+    assert not counters["graph_break"]
+    assert len(backend.records) == 1 and backend.controller.tensors()
