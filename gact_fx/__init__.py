@@ -5,8 +5,9 @@ installed (entry point ``torch_dynamo_backends``); the rest is reached from here
 Importing this package starts neither CUDA nor Triton nor Dynamo.
 """
 
-from .config import GactConfig
-from .dynamo_backend import GactBackend, GactCompileError, last_report
+from .config import LEVELS, GactConfig
+from .controller import GactController
+from .dynamo_backend import GactBackend, GactCompileError, backend_of, last_report
 from .report import GraphRecord, Report, SavedTensorRow
 from .runtime.seeds import manual_seed
 
@@ -22,14 +23,32 @@ def backend(config: GactConfig | None = None, **options) -> GactBackend:
     return GactBackend(config, **options)
 
 
+def report(model) -> Report:
+    """The report of the gact backend that compiled ``model`` (compiled or original module)."""
+    return backend_of(model).report()
+
+
+def controller(model) -> GactController:
+    """The adaptive-bits controller of ``model``: bits and sensitivities per saved tensor,
+    ``state_dict()`` / ``load_state_dict()``. Raises if ``model`` was compiled with uniform bits."""
+    found = backend_of(model).controller
+    if found is None:
+        raise LookupError("this model was compiled with uniform bits: there is no controller (use avg_bits or level L2.x)")
+    return found
+
+
 __all__ = [
     "GactBackend",
     "GactCompileError",
     "GactConfig",
+    "GactController",
+    "LEVELS",
     "GraphRecord",
     "Report",
     "SavedTensorRow",
     "backend",
+    "controller",
     "last_report",
     "manual_seed",
+    "report",
 ]

@@ -110,7 +110,7 @@ def projection_loss(output: torch.Tensor) -> torch.Tensor:
     (``(out ** 2).mean()`` is a bad probe after a final LayerNorm: at initialisation its
     gradient is parallel to the normalised output and LayerNorm's backward cancels it.)
     """
-    weights = torch.randn(output.shape, generator=torch.Generator().manual_seed(1))
+    weights = torch.randn(output.shape, generator=torch.Generator().manual_seed(1)).to(output.device)
     return (output.float() * weights).sum()
 
 

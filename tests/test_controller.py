@@ -10,7 +10,7 @@ from torch._dynamo.utils import counters
 import gact_fx
 from gact_fx.allocation import quantization_variance
 from gact_fx.config import GactConfig
-from gact_fx.runtime.table import TABLE
+from gact_fx.runtime.table import RUNTIME_BITS, TABLE
 
 from .helpers import compiled_grads, model_case, projection_loss
 
@@ -137,3 +137,16 @@ def test_adaptive_mode_without_fullgraph_compiles_whole_and_compressed():
     projection_loss(compiled(*inputs)).backward()
     assert not counters["graph_break"]
     assert len(backend.records) == 1 and backend.controller.tensors()
+
+
+def test_the_controller_is_reachable_from_the_model():
+    model, inputs = model_case("mlp")
+    compiled = torch.compile(model, backend="gact", options={"level": "L2.2"})
+    projection_loss(compiled(*inputs)).backward()
+    assert gact_fx.controller(compiled) is gact_fx.controller(model)
+    (record,) = gact_fx.report(model).records
+    runtime_bits = {c.label for c in record.plan.compressions if c.bits == RUNTIME_BITS}
+    assert set(gact_fx.controller(model).bits()) == runtime_bits
+    other = torch.nn.Linear(3, 3)
+    with pytest.raises(LookupError, match="no gact backend has compiled"):
+        gact_fx.controller(other)

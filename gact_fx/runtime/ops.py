@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import torch
 
 from . import format as fmt
-from .reference import dequantize_reference, quantize_reference, rounding_noise
+from .kernels import decode, encode
 from .seeds import DEFAULT_SEEDS
 from .table import EXACT, RUNTIME_BITS, TABLE
 
@@ -67,14 +67,6 @@ def quantize(
     return encode(flat, bits, group_size, DEFAULT_SEEDS.next_seed(slot))
 
 
-def encode(flat: torch.Tensor, bits: int, group_size: int, seed: int) -> torch.Tensor:
-    """Blob of a 1-D tensor, with rounding noise drawn from ``seed``."""
-    noise = None
-    if flat.dtype != torch.bool and bits != fmt.PASS_THROUGH_BITS and flat.numel():
-        noise = rounding_noise(fmt.num_groups(flat.numel(), group_size), group_size, seed, flat.device)
-    return quantize_reference(flat, bits, group_size, noise)
-
-
 @quantize.register_fake
 def _quantize_fake(x, bits, group_size, perm, slot):
     if bits == RUNTIME_BITS:
@@ -99,12 +91,12 @@ def dequantize(
 ) -> torch.Tensor:
     override = TABLE.decode.get(slot)
     if override is None:
-        flat = dequantize_reference(blob, math.prod(shape), dtype, group_size)
+        flat = decode(blob, math.prod(shape), dtype, group_size)
     elif override is EXACT:
         flat = TABLE.stash[slot].clone()  # a copy: the backward may write into its inputs
     else:
         stashed = TABLE.stash[slot]
-        flat = dequantize_reference(encode(stashed, override.bits, group_size, override.seed), stashed.numel(), dtype, group_size)
+        flat = decode(encode(stashed, override.bits, group_size, override.seed), stashed.numel(), dtype, group_size)
     return flat.view([shape[dim] for dim in perm]).permute(inverse_permutation(perm))
 
 

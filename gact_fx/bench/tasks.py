@@ -1,0 +1,172 @@
+"""Real training tasks that run offline: MNIST-1D classification and a character LM.
+
+* ``Mnist1dTask``: MNIST-1D generated on the spot (``mnist1d.data.make_dataset``), a
+  three-layer 1-D CNN; metric: test accuracy.
+* ``CharLMTask``: a small pre-norm GPT trained on Python's own standard library sources
+  (read from this interpreter's ``stdlib`` directory, bytes as tokens); metric:
+  validation loss in nats per character.
+
+Both build the same data, order and initial weights for a given seed, so methods
+differ only in how saved activations are compressed.
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+import sysconfig
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class CNN1d(nn.Module):
+    def __init__(self, channels: int = 64, length: int = 40):
+        super().__init__()
+        self.conv1 = nn.Conv1d(1, channels, 5, padding=2)
+        self.conv2 = nn.Conv1d(channels, channels, 3, padding=1)
+        self.conv3 = nn.Conv1d(channels, channels, 3, padding=1)
+        self.head = nn.Linear(channels * length, 10)
+
+    def forward(self, x):
+        x = F.relu(self.conv1(x.unsqueeze(1)))
+        x = F.relu(self.conv2(x))
+        x = F.relu(self.conv3(x))
+        return self.head(x.flatten(1))
+
+
+def load_mnist1d(seed: int = 0):
+    """(x_train, y_train, x_test, y_test) tensors; generated, never downloaded."""
+    from mnist1d.data import get_dataset_args, make_dataset
+
+    args = get_dataset_args()
+    args.seed = seed
+    data = make_dataset(args)
+    floats = lambda key: torch.as_tensor(data[key], dtype=torch.float32)  # noqa: E731
+    labels = lambda key: torch.as_tensor(data[key], dtype=torch.long)  # noqa: E731
+    return floats("x"), labels("y"), floats("x_test"), labels("y_test")
+
+
+class Mnist1dTask:
+    name = "mnist1d-cnn"
+    metric = "test accuracy"
+    higher_is_better = True
+
+    def __init__(self, batch_size: int = 100, seed: int = 0):
+        self.batch_size = batch_size
+        self.x_train, self.y_train, self.x_test, self.y_test = load_mnist1d(seed)
+
+    def model(self) -> nn.Module:
+        return CNN1d()
+
+    def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.Adam(model.parameters(), lr=2e-3)
+
+    def batch(self, step: int, generator: torch.Generator):
+        index = torch.randint(0, len(self.x_train), (self.batch_size,), generator=generator)
+        return (self.x_train[index],), self.y_train[index]
+
+    def loss(self, output, target) -> torch.Tensor:
+        return F.cross_entropy(output, target)
+
+    @torch.no_grad()
+    def evaluate(self, model) -> float:
+        return (model(self.x_test).argmax(1) == self.y_test).float().mean().item()
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        attention = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(attention.transpose(1, 2).reshape(b, t, d))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class CharGPT(nn.Module):
+    """A pre-norm GPT over bytes."""
+
+    def __init__(self, dim: int = 128, layers: int = 4, heads: int = 4, context: int = 128):
+        super().__init__()
+        self.embed = nn.Embedding(256, dim)
+        self.position = nn.Parameter(torch.randn(context, dim) * 0.02)
+        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, 256)
+
+    def forward(self, tokens):
+        x = self.embed(tokens) + self.position[: tokens.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln(x))
+
+
+def python_sources(max_bytes: int = 4_000_000) -> bytes:
+    """The interpreter's own standard library sources, in a fixed order."""
+    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+    chunks, total = [], 0
+    for path in sorted(root.glob("*.py")):
+        data = path.read_bytes()
+        chunks.append(data)
+        total += len(data)
+        if total >= max_bytes:
+            break
+    return b"".join(chunks)[:max_bytes]
+
+
+class CharLMTask:
+    name = "char-lm"
+    metric = "validation loss"
+    higher_is_better = False
+
+    def __init__(self, batch_size: int = 32, context: int = 128, eval_batches: int = 16, seed: int = 0):
+        corpus = torch.frombuffer(bytearray(python_sources()), dtype=torch.uint8).long()
+        split = int(0.9 * len(corpus))
+        self.train_tokens, self.val_tokens = corpus[:split], corpus[split:]
+        self.batch_size, self.context = batch_size, context
+        generator = torch.Generator().manual_seed(seed + 1)
+        starts = torch.randint(0, len(self.val_tokens) - context - 1, (eval_batches * batch_size,), generator=generator)
+        self.val_batches = [self._window(self.val_tokens, s) for s in starts.split(batch_size)]
+
+    def _window(self, tokens, starts):
+        index = starts[:, None] + torch.arange(self.context + 1)
+        window = tokens[index]
+        return window[:, :-1], window[:, 1:]
+
+    def model(self) -> nn.Module:
+        return CharGPT(context=self.context)
+
+    def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.01)
+
+    def batch(self, step: int, generator: torch.Generator):
+        starts = torch.randint(0, len(self.train_tokens) - self.context - 1, (self.batch_size,), generator=generator)
+        inputs, targets = self._window(self.train_tokens, starts)
+        return (inputs,), targets
+
+    def loss(self, output, target) -> torch.Tensor:
+        return F.cross_entropy(output.reshape(-1, 256), target.reshape(-1))
+
+    @torch.no_grad()
+    def evaluate(self, model) -> float:
+        losses = [self.loss(model(inputs), targets).item() for inputs, targets in self.val_batches]
+        return sum(losses) / len(losses)
+
+
+TASKS = {"mnist1d": Mnist1dTask, "charlm": CharLMTask}
+
+
+def lr_scale(step: int, steps: int, warmup: int = 50) -> float:
+    """Linear warm-up then cosine decay to 10%."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return 0.1 + 0.45 * (1 + math.cos(math.pi * progress))
