@@ -152,3 +152,11 @@ def fallback_exceptions() -> tuple[type[BaseException], ...]:
     from torch._dynamo.exc import exceptions_allowed_to_be_fallback
 
     return tuple(exceptions_allowed_to_be_fallback)
+
+
+def trace_with_fake_values(fn, values, fake_mode, decompositions) -> torch.fx.GraphModule:
+    """``make_fx`` of ``fn`` over existing fake tensors / SymInts, keeping their symbols."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with fake_mode:
+        return make_fx(fn, decomposition_table=decompositions, tracing_mode="real")(*values)

@@ -15,6 +15,7 @@ from typing import Any
 from .runtime import format as fmt
 
 COMPILERS = ("auto", "inductor", "eager")
+LOWERINGS = ("auto", "op", "aten")
 PARTITIONERS = ("min_cut", "default")
 LEVELS = {
     # GACT's names. L0: off; L1.x: uniform bits; L2.x: adaptive at an average number of bits.
@@ -70,6 +71,11 @@ class GactConfig:
     """'inductor' compiles the rewritten graphs with Inductor; 'eager' runs them as
     Python (seconds to compile); 'auto' picks Inductor on CUDA and eager on CPU."""
 
+    lowering: str = "auto"
+    """How compression reaches the compiled code: 'op' (opaque gact:: ops; Triton kernels
+    on CUDA, the torch reference on CPU), 'aten' (plain aten ops Inductor fuses into the
+    neighbouring kernels; needs compiler='inductor' and fixed bits), or 'auto'."""
+
     partitioner: str = "min_cut"
     """Which stock partitioner decides what is saved before gact compresses it:
     'min_cut' (Inductor's; recomputes cheap ops) or 'default' (saves everything used)."""
@@ -108,6 +114,12 @@ class GactConfig:
             raise ValueError(f"min_numel must be >= 0, got {self.min_numel}")
         if self.compiler not in COMPILERS:
             raise ValueError(f"compiler must be one of {COMPILERS}, got {self.compiler!r}")
+        if self.lowering not in LOWERINGS:
+            raise ValueError(f"lowering must be one of {LOWERINGS}, got {self.lowering!r}")
+        if self.lowering == "aten" and self.compiler == "eager":
+            raise ValueError("lowering='aten' is for Inductor to fuse; it needs compiler='inductor' or 'auto'")
+        if self.lowering == "aten" and self.avg_bits is not None:
+            raise ValueError("lowering='aten' needs bits fixed at compile time; adaptive bits (avg_bits) use lowering='op'")
         if self.partitioner not in PARTITIONERS:
             raise ValueError(f"partitioner must be one of {PARTITIONERS}, got {self.partitioner!r}")
 

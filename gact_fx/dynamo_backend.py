@@ -34,10 +34,12 @@ _last_used: GactBackend | None = None
 _live_backends: weakref.WeakSet[GactBackend] = weakref.WeakSet()
 
 
-def resolve_compiler(requested: str, example_inputs: Sequence[object]) -> str:
-    """'auto' means Inductor when the graph runs on CUDA, eager FX otherwise."""
+def resolve_compiler(requested: str, example_inputs: Sequence[object], lowering: str = "auto") -> str:
+    """'auto' means Inductor when the graph runs on CUDA or asks for the aten lowering, eager FX otherwise."""
     if requested != "auto":
         return requested
+    if lowering == "aten":
+        return "inductor"
     on_cuda = any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in example_inputs)
     return "inductor" if on_cuda else "eager"
 
@@ -65,7 +67,7 @@ class GactBackend:
         config = self.config
         if options:
             config = GactConfig.from_options({**config.as_dict(), **options})
-        compiler = resolve_compiler(config.compiler, example_inputs)
+        compiler = resolve_compiler(config.compiler, example_inputs, config.lowering)
         if config.adaptive and self.controller is None:
             self.controller = _controller_for(config)
         records_before = len(self.records)

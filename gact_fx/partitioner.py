@@ -100,6 +100,10 @@ class GactPartitioner:
             index=self.graph_index, compiler=self.compiler, config=self.config, baseline=baseline, saved=saved, plan=plan
         )
         apply_plan(fw, bw, saved, plan)
+        if self.config.lowering == "aten":
+            from .passes.lower_aten import lower_to_aten  # imports Inductor's prims
+
+            lower_to_aten(fw, bw, num_fwd_outputs)
         record.attach_code(before=code_before, after=(fw.code, bw.code))
         record.pass_seconds = time.perf_counter() - started
         self.on_record(record)

@@ -1,9 +1,20 @@
-"""Test fixtures: a fresh Dynamo and fixed seeds for every test."""
+"""Test fixtures: a fresh Dynamo and fixed seeds for every test.
 
-import pytest
+Without a GPU, Triton kernels run under the interpreter. Triton reads TRITON_INTERPRET
+once, when first imported (Inductor imports it too), so it is set here, before any
+test module imports anything.
+"""
+
+import os
+
 import torch
 
-import gact_fx
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+import gact_fx  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

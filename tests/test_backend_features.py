@@ -223,3 +223,33 @@ def test_exceptions_dynamo_would_fall_back_on_become_errors(monkeypatch):
     compiled = torch.compile(model, backend=gact_fx.backend())  # no fullgraph: Dynamo could fall back
     with pytest.raises(Exception, match="Refusing to let Dynamo fall back"):
         compiled(*inputs)
+
+
+@pytest.mark.parametrize("name", ["mlp", "conv"])
+def test_the_aten_lowering_through_inductor(name):
+    model, inputs = model_case(name)
+    (expected,), _ = compiled_grads(model, inputs, baseline_backend("inductor"))
+    exact = gact_fx.backend(bits=32, lowering="aten")
+    (got,), _ = compiled_grads(model, inputs, exact)
+    assert exact.records[0].compiler == "inductor"
+    # Inductor fuses the decode into the consumers, which may reorder float sums.
+    assert relative_error(got, expected) < 1e-5
+    (got,), _ = compiled_grads(model, inputs, gact_fx.backend(bits=8, lowering="aten"))
+    assert 0 < relative_error(got, expected) < 2e-2
+
+
+def test_the_aten_lowering_with_dynamic_shapes():
+    model = MLP()
+    backend = gact_fx.backend(bits=8, lowering="aten")
+    compiled = torch.compile(model, backend=backend, dynamic=True, fullgraph=True)
+    counters.clear()
+    for batch in (4, 7, 12):
+        projection_loss(compiled(torch.randn(batch, 64))).backward()
+    assert len(backend.records) == 1 and counters["stats"]["unique_graphs"] == 1
+
+
+def test_the_aten_lowering_refuses_what_it_cannot_do():
+    with pytest.raises(ValueError, match="needs compiler='inductor'"):
+        gact_fx.backend(lowering="aten", compiler="eager")
+    with pytest.raises(ValueError, match="needs bits fixed at compile time"):
+        gact_fx.backend(lowering="aten", avg_bits=2)

@@ -58,13 +58,7 @@ class SavedSection:
 
     def _placeholder_for(self, fw_node: fx.Node) -> fx.Node:
         """A new backward placeholder for ``fw_node``; both get one name, free in both graphs."""
-        taken = {n.name for n in self.fw.graph.nodes if n is not fw_node} | {n.name for n in self.bw.graph.nodes}
-        base, name, suffix = fw_node.name, fw_node.name, 0
-        while name in taken:
-            suffix += 1
-            name = f"{base}_{suffix}"
-        if name != fw_node.name:
-            rename_node(fw_node, name)
+        name = name_in_both(self.fw, self.bw, fw_node)
         first = self.bw.graph.find_nodes(op="placeholder")[0]
         with self.bw.graph.inserting_before(first):
             placeholder = self.bw.graph.placeholder(name)
@@ -157,6 +151,20 @@ class SavedSection:
             else:
                 previous.append(placeholder)
             previous = placeholder
+
+
+def name_in_both(fw: fx.GraphModule, bw: fx.GraphModule, fw_node: fx.Node, base: str | None = None) -> str:
+    """Rename ``fw_node`` to a name (``base`` or a suffixed variant) that no other node of
+    either graph uses, and return it: the backward placeholder must carry the same one."""
+    taken = {n.name for n in fw.graph.nodes if n is not fw_node} | {n.name for n in bw.graph.nodes}
+    base = base or fw_node.name
+    name, suffix = base, 0
+    while name in taken:
+        suffix += 1
+        name = f"{base}_{suffix}"
+    if name != fw_node.name:
+        rename_node(fw_node, name)
+    return name
 
 
 def finish(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int) -> None:

@@ -10,6 +10,10 @@
     ``bits == 0`` (``runtime.table.RUNTIME_BITS``) reads the width from the slot table at
     run time; the blob's length is then a data-dependent (unbacked) size.
 
+``gact::seeds(int[] slots, Device device) -> Tensor``
+    One fresh rounding seed per slot (int64), for the aten lowering
+    (``runtime.aten_codec``), whose noise comes from Inductor's Philox keyed by them.
+
 ``gact::dequantize(Tensor blob, SymInt[] shape, ScalarType dtype, int group_size, int[] perm, int slot) -> Tensor``
     Decodes a blob to a tensor of ``shape`` and ``dtype`` whose strides are compact in
     the dimension order ``perm`` (the original strides whenever the original tensor was
@@ -104,3 +108,13 @@ def dequantize(
 def _dequantize_fake(blob, shape, dtype, group_size, perm, slot):
     permuted = blob.new_empty([shape[dim] for dim in perm], dtype=dtype)
     return permuted.permute(inverse_permutation(perm))
+
+
+@torch.library.custom_op("gact::seeds", mutates_args=(), schema="(int[] slots, Device device) -> Tensor")
+def seeds(slots: Sequence[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor([DEFAULT_SEEDS.next_seed(s) for s in slots], dtype=torch.int64, device=device)
+
+
+@seeds.register_fake
+def _seeds_fake(slots, device):
+    return torch.empty(len(slots), dtype=torch.int64, device=device)

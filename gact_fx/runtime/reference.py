@@ -4,6 +4,9 @@ Plain tensor code that runs on any device. It works on a 1-D tensor already take
 logical order (``runtime.ops`` does the permuting); the rounding noise is an explicit
 argument so that other implementations (the Triton kernels) can be checked code for
 code against it. The format itself is described in ``runtime.format``.
+
+``encode_groups`` / ``decode_groups`` hold the float codec with no Python branch on a
+size, so they also trace into graphs under dynamic shapes (``runtime.aten_codec``).
 """
 
 from __future__ import annotations
@@ -27,8 +30,7 @@ def group_view(flat: torch.Tensor, group_size: int) -> torch.Tensor:
     """fp32 ``(G, group_size)`` view of ``flat``, the tail padded with its last element."""
     values = flat.float()
     padding = fmt.num_groups(flat.numel(), group_size) * group_size - flat.numel()
-    if padding:
-        values = torch.cat([values, values[-1:].expand(padding)])
+    values = torch.cat([values, values[-1:].expand(padding)])  # no branch: traceable
     return values.view(-1, group_size)
 
 
@@ -50,7 +52,7 @@ def quantize_codes(groups, scale, group_min, bits: int, noise) -> torch.Tensor:
     """Stochastically rounded integer codes, ``(G, group_size)`` uint8."""
     levels = 2**bits - 1
     normalized = (groups * 0.5 - group_min[:, None] * 0.5) / (scale[:, None] * 0.5)
-    codes = torch.floor(normalized + noise).clamp_(0, levels)
+    codes = torch.floor(normalized + noise).clamp(0, levels)  # functional: it is traced into graphs
     return torch.nan_to_num(codes, nan=0.0).to(torch.uint8)
 
 
@@ -74,10 +76,25 @@ def unpack_codes(packed: torch.Tensor, bits: int) -> torch.Tensor:
     return lanes.reshape(-1).to(torch.uint8)
 
 
-def _finish_blob(body: torch.Tensor, total_nbytes: int) -> torch.Tensor:
-    blob = torch.zeros(total_nbytes, dtype=torch.uint8, device=body.device)
-    blob[: body.numel()] = body
-    return blob
+def encode_groups(flat: torch.Tensor, bits: int, group_size: int, noise: torch.Tensor) -> torch.Tensor:
+    """Blob of a non-empty 1-D float tensor at ``bits`` in {1, 2, 4, 8}; branch-free."""
+    groups = group_view(flat, group_size)
+    scale, group_min = group_scale_and_min(groups, bits)
+    codes = quantize_codes(groups, scale, group_min, bits, noise)
+    body = torch.cat([scale.view(torch.uint8), group_min.view(torch.uint8), pack_codes(codes, bits)])
+    total = fmt.float_blob_nbytes(flat.numel(), bits, group_size, flat.element_size())
+    return torch.cat([body, body.new_zeros(total - body.numel())])  # padding and tag
+
+
+def decode_groups(blob: torch.Tensor, numel, dtype: torch.dtype, group_size: int, bits: int) -> torch.Tensor:
+    """Inverse of ``encode_groups``; branch-free."""
+    groups = fmt.num_groups(numel, group_size)
+    scale = blob[: groups * 4].view(torch.float32)
+    group_min = blob[groups * 4 : groups * fmt.METADATA_BYTES_PER_GROUP].view(torch.float32)
+    start = groups * fmt.METADATA_BYTES_PER_GROUP
+    codes = unpack_codes(blob[start : start + groups * (group_size * bits // 8)], bits).view(-1, group_size)
+    values = codes.float() * scale[:, None] + group_min[:, None]
+    return values.reshape(-1)[:numel].to(dtype)
 
 
 def quantize_reference(
@@ -86,24 +103,25 @@ def quantize_reference(
     """Encode a 1-D tensor into a blob. ``noise`` is ``(G, group_size)`` in [0, 1)."""
     numel = flat.numel()
     if flat.dtype == torch.bool:
-        codes = flat.to(torch.uint8)
-        padding = (numel + 7) // 8 * 8 - numel
-        if padding:
-            codes = torch.cat([codes, codes.new_zeros(padding)])
-        return _finish_blob(pack_codes(codes, 1), fmt.bool_blob_nbytes(numel))
+        codes = torch.cat([flat.to(torch.uint8), flat.new_zeros((numel + 7) // 8 * 8 - numel, dtype=torch.uint8)])
+        packed = pack_codes(codes, 1)
+        return torch.cat([packed, packed.new_zeros(fmt.bool_blob_nbytes(numel) - packed.numel())])
     if flat.dtype not in FLOAT_DTYPES:
         raise TypeError(f"gact quantize takes {FLOAT_DTYPES} or bool, got {flat.dtype}")
-    total = fmt.float_blob_nbytes(numel, bits, group_size, flat.element_size())
     if bits == fmt.PASS_THROUGH_BITS or numel == 0:
-        raw = flat.contiguous().view(torch.uint8) if numel else flat.new_empty(0, dtype=torch.uint8)
-        return _finish_blob(raw.reshape(-1), total)
-    groups = group_view(flat, group_size)
-    scale, group_min = group_scale_and_min(groups, bits)
-    codes = quantize_codes(groups, scale, group_min, bits, noise)
-    body = torch.cat(
-        [scale.view(torch.uint8), group_min.view(torch.uint8), pack_codes(codes, bits)]
-    )
-    return _finish_blob(body, total)
+        raw = flat.contiguous().view(torch.uint8).reshape(-1)
+        total = fmt.float_blob_nbytes(numel, bits, group_size, flat.element_size())
+        return torch.cat([raw, raw.new_zeros(total - raw.numel())])
+    return encode_groups(flat, bits, group_size, noise)
+
+
+def decode_bool(blob: torch.Tensor, numel) -> torch.Tensor:
+    return unpack_codes(blob[: (numel + 7) // 8], 1)[:numel].to(torch.bool)
+
+
+def decode_raw(blob: torch.Tensor, numel, dtype: torch.dtype) -> torch.Tensor:
+    """The 32-bit pass-through: the tensor's own bytes."""
+    return blob[: numel * dtype.itemsize].view(dtype).clone()
 
 
 def dequantize_reference(
@@ -112,16 +130,7 @@ def dequantize_reference(
     """Decode a blob back to a 1-D tensor of ``numel`` elements of ``dtype``."""
     bits = fmt.bits_from_blob_nbytes(blob.numel())
     if dtype == torch.bool:
-        codes = unpack_codes(blob[: (numel + 7) // 8], 1)
-        return codes[:numel].to(torch.bool)
+        return decode_bool(blob, numel)
     if bits == fmt.PASS_THROUGH_BITS or numel == 0:
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        return blob[: numel * itemsize].view(dtype).clone()
-    groups = fmt.num_groups(numel, group_size)
-    meta_end = groups * fmt.METADATA_BYTES_PER_GROUP
-    scale = blob[: groups * 4].view(torch.float32)
-    group_min = blob[groups * 4 : meta_end].view(torch.float32)
-    code_bytes = groups * group_size * bits // 8
-    codes = unpack_codes(blob[meta_end : meta_end + code_bytes], bits).view(groups, group_size)
-    values = codes.float() * scale[:, None] + group_min[:, None]
-    return values.reshape(-1)[:numel].to(dtype)
+        return decode_raw(blob, numel, dtype)
+    return decode_groups(blob, numel, dtype, group_size, bits)

@@ -1,13 +1,12 @@
 """The Triton kernels against the torch reference: one format, the same codes, any size.
 
-Without a GPU they run under the Triton interpreter on CPU tensors (``TRITON_INTERPRET=1``
-must be set before Triton decorates them: this module sets it before importing them).
-With a GPU they run compiled on CUDA. Skipped, with the reason, when Triton is absent.
+Without a GPU they run under the Triton interpreter on CPU tensors (``TRITON_INTERPRET=1``,
+set by ``tests/conftest.py`` before anything imports Triton). With a GPU they run
+compiled on CUDA. Skipped, with the reason, when Triton is absent.
 """
 
 import importlib.util
 import os
-import sys
 
 import pytest
 import torch
@@ -16,10 +15,8 @@ if importlib.util.find_spec("triton") is None:
     pytest.skip("Triton is not installed (pip install 'gact-fx[triton]')", allow_module_level=True)
 
 ON_GPU = torch.cuda.is_available()
-if not ON_GPU:
-    if "gact_fx.runtime.triton_kernels" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("Triton kernels were already compiled for a GPU in this process", allow_module_level=True)
-    os.environ["TRITON_INTERPRET"] = "1"
+if not ON_GPU and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("no GPU and TRITON_INTERPRET is not 1 (run through tests/conftest.py)", allow_module_level=True)
 
 from gact_fx.runtime import format as fmt  # noqa: E402
 from gact_fx.runtime import triton_kernels as tk  # noqa: E402

@@ -1,0 +1,118 @@
+"""Replace the opaque ``gact::`` ops of a rewritten graph pair by plain aten ops.
+
+The second lowering (``lowering="aten"``): each ``gact::quantize`` becomes the traced
+``runtime.aten_codec.encode`` and each ``gact::dequantize`` the traced ``decode``, so that
+Inductor can fuse them with the producing and consuming kernels. The forward gets one
+``gact::seeds`` call for all its slots. Traced with ``make_fx`` over the graphs' own fake
+values, with Inductor's decompositions, so dynamic sizes stay symbolic. Needs bits
+fixed at compile time (run-time bits stay on the opaque ops).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from .._compat import detect_fake_mode, inductor_decompositions, rename_node, trace_with_fake_values
+from ..runtime import aten_codec
+from ..runtime.table import RUNTIME_BITS
+from .rewrite import DEQUANTIZE, QUANTIZE
+from .section import finish, name_in_both, set_val
+
+SEEDS = torch.ops.gact.seeds.default
+
+
+def _check_functional(sub: fx.GraphModule) -> None:
+    # Inductor takes these graphs to be functional: a traced in-place op corrupted the
+    # forward values of a transformer block before this check existed.
+    for node in sub.graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if schema is not None and schema.is_mutable:
+            raise RuntimeError(f"gact: the aten codec traced a mutating op ({node.target}); it must be functional")
+
+
+def _inline(graph: fx.Graph, sub: fx.GraphModule, inputs: list[fx.Node], before: fx.Node, role: str) -> fx.Node:
+    _check_functional(sub)
+    env = dict(zip(sub.graph.find_nodes(op="placeholder"), inputs))
+    with graph.inserting_before(before):
+        for node in sub.graph.nodes:
+            if node.op == "placeholder":
+                continue
+            if node.op == "output":
+                (result,) = node.args[0] if isinstance(node.args[0], (list, tuple)) else (node.args[0],)
+                return env[result]
+            env[node] = graph.node_copy(node, lambda n: env[n])
+            env[node].meta["gact"] = {"role": role}
+    raise RuntimeError("traced subgraph has no output")
+
+
+def _encoder(perm, bits, group_size):
+    def encode(x, seed):
+        return aten_codec.encode(x, perm, bits, group_size, seed)
+
+    return encode
+
+
+def _decoder(shape, dtype, group_size, perm, bits):
+    """``decode(blob, *symbolic sizes)``: the static sizes of ``shape`` are baked in."""
+
+    def decode(blob, *sizes):
+        given = iter(sizes)
+        full = [next(given) if isinstance(s, fx.Node) else s for s in shape]
+        return aten_codec.decode(blob, full, dtype, group_size, perm, bits)
+
+    return decode
+
+
+def _lower_quantizes(fw: fx.GraphModule, bw: fx.GraphModule, fake_mode, decompositions) -> None:
+    quantizes = fw.graph.find_nodes(op="call_function", target=QUANTIZE)
+    if any(q.args[1] == RUNTIME_BITS for q in quantizes):
+        raise ValueError("lowering='aten' needs bits fixed at compile time; adaptive bits use the gact:: ops")
+    device = quantizes[0].args[0].meta["val"].device
+    with fw.graph.inserting_after(fw.graph.find_nodes(op="placeholder")[-1]):
+        seeds = fw.graph.call_function(SEEDS, ([q.args[4] for q in quantizes], device))
+    with fake_mode:
+        set_val(seeds, SEEDS([q.args[4] for q in quantizes], device))
+    for index, node in enumerate(quantizes):
+        source, bits, group_size, perm, _ = node.args
+        with fw.graph.inserting_before(node):
+            seed = fw.graph.call_function(torch.ops.aten.select.int, (seeds, 0, index))
+        with fake_mode:
+            set_val(seed, seeds.meta["val"][index])
+
+        traced = trace_with_fake_values(
+            _encoder(perm, bits, group_size), [source.meta["val"], seed.meta["val"]], fake_mode, decompositions
+        )
+        blob = _inline(fw.graph, traced, [source, seed], node, "quantize")
+        blob.meta["gact"] = dict(node.meta["gact"])
+        node.replace_all_uses_with(blob)
+        fw.graph.erase_node(node)
+        # The saved value and its backward placeholder must share a name.
+        placeholder = next(p for p in bw.graph.find_nodes(op="placeholder") if p.name == node.name)
+        rename_node(placeholder, name_in_both(fw, bw, blob, base=node.name))
+
+
+def _lower_dequantizes(bw: fx.GraphModule, fake_mode, decompositions) -> None:
+    for node in bw.graph.find_nodes(op="call_function", target=DEQUANTIZE):
+        blob, shape, dtype, group_size, perm, _ = node.args
+        bits = blob.meta["gact"]["bits"]
+        symbolic = [s for s in shape if isinstance(s, fx.Node)]
+        values = [blob.meta["val"], *(s.meta["val"] for s in symbolic)]
+        traced = trace_with_fake_values(_decoder(shape, dtype, group_size, perm, bits), values, fake_mode, decompositions)
+        decoded = _inline(bw.graph, traced, [blob, *symbolic], node, "dequantize")
+        decoded.meta["gact"] = dict(node.meta["gact"])
+        node.replace_all_uses_with(decoded)
+        bw.graph.erase_node(node)
+
+
+def lower_to_aten(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int) -> int:
+    """Rewrite in place; returns the number of quantize ops lowered."""
+    quantizes = fw.graph.find_nodes(op="call_function", target=QUANTIZE)
+    if not quantizes:
+        return 0
+    fake_mode = detect_fake_mode([q.args[0].meta["val"] for q in quantizes])
+    decompositions = inductor_decompositions()
+    _lower_quantizes(fw, bw, fake_mode, decompositions)
+    _lower_dequantizes(bw, fake_mode, decompositions)
+    finish(fw, bw, num_fwd_outputs)
+    return len(quantizes)
