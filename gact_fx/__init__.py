@@ -5,6 +5,7 @@ installed (entry point ``torch_dynamo_backends``); the rest is reached from here
 Importing this package starts neither CUDA nor Triton nor Dynamo.
 """
 
+from .api import GactHandle, compress, decompress
 from .config import LEVELS, GactConfig
 from .controller import GactController
 from .dynamo_backend import GactBackend, GactCompileError, backend_of, last_report
@@ -42,12 +43,15 @@ __all__ = [
     "GactCompileError",
     "GactConfig",
     "GactController",
+    "GactHandle",
     "LEVELS",
     "GraphRecord",
     "Report",
     "SavedTensorRow",
     "backend",
+    "compress",
     "controller",
+    "decompress",
     "last_report",
     "manual_seed",
     "report",

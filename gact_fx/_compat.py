@@ -160,3 +160,16 @@ def trace_with_fake_values(fn, values, fake_mode, decompositions) -> torch.fx.Gr
 
     with fake_mode:
         return make_fx(fn, decomposition_table=decompositions, tracing_mode="real")(*values)
+
+
+def set_compiled_call(module: torch.nn.Module, call) -> None:
+    """What ``module(...)`` runs instead of its plain call (``nn.Module.compile``'s slot); None restores it."""
+    module._compiled_call_impl = call
+
+
+def graph_break_counts() -> dict[str, int]:
+    """Dynamo's graph-break counts so far, by reason (empty if Dynamo was never imported)."""
+    import sys
+
+    utils = sys.modules.get("torch._dynamo.utils")
+    return dict(utils.counters["graph_break"]) if utils is not None else {}

@@ -1,0 +1,136 @@
+"""The model-rewrite API: ``compress(model, ...)`` and ``decompress(model)``.
+
+``compress`` works in place, like ``nn.Module.compile()``: the same module object comes
+back, so its parameters, ``state_dict()`` keys and any optimizer stay as they were. Its
+call becomes a gate: in training with grad enabled it runs the gact-compiled forward;
+in ``eval()`` or under ``no_grad``/``inference_mode`` it runs the plain forward (no
+compression, no compile). ``model.gact`` holds the backend, its report and controller.
+
+The first training step is checked: if torch.compile captured no training graph at
+all, nothing would be compressed, so that is an error, or with ``fallback="hooks"`` the
+model switches to GACT-style saved-tensor hooks (``hooks.py``); Dynamo graph breaks are
+logged, since code between compiled graphs runs uncompressed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+import torch
+
+from . import _compat
+from .config import GactConfig
+from .controller import GactController
+from .dynamo_backend import GactBackend, GactCompileError
+from .hooks import HookCompressor
+from .report import Report
+
+log = logging.getLogger("gact_fx")
+
+FALLBACKS = ("error", "hooks")
+ATTRIBUTE = "gact"
+
+
+class GactHandle:
+    """``model.gact``: how the model is compressed, and what it reports."""
+
+    def __init__(self, model: torch.nn.Module, backend: GactBackend, fallback: str) -> None:
+        self.backend = backend
+        self.fallback = fallback
+        self.mode = "pending"  # then "compiled", or "hooks" after a fallback
+        self.hooks: HookCompressor | None = None
+        self._model_name = type(model).__name__
+
+    @property
+    def config(self) -> GactConfig:
+        return self.backend.config
+
+    @property
+    def controller(self) -> GactController | None:
+        """The adaptive-bits controller (``None`` with uniform bits)."""
+        return self.backend.controller
+
+    def report(self) -> Report:
+        return self.backend.report()
+
+    def __repr__(self) -> str:
+        return f"GactHandle(mode={self.mode!r}, {self.config!r})"
+
+
+class _GatedCall:
+    """The module's call: gact-compiled when training with grad, the plain forward otherwise."""
+
+    def __init__(self, model: torch.nn.Module, handle: GactHandle) -> None:
+        self.plain = model._call_impl
+        self.compiled = torch.compile(model._call_impl, backend=handle.backend)
+        self.model, self.handle = model, handle
+
+    def __call__(self, *args, **kwargs):
+        if not (self.model.training and torch.is_grad_enabled()):
+            return self.plain(*args, **kwargs)
+        if self.handle.mode == "hooks":
+            with self.handle.hooks.active():
+                return self.plain(*args, **kwargs)
+        if self.handle.mode == "compiled":
+            return self.compiled(*args, **kwargs)
+        breaks_before = Counter(_compat.graph_break_counts())
+        output = self.compiled(*args, **kwargs)
+        self._check_first_step(breaks_before)
+        return output
+
+    def _check_first_step(self, breaks_before: Counter) -> None:
+        handle = self.handle
+        breaks = Counter(_compat.graph_break_counts()) - breaks_before
+        if breaks:
+            reasons = "; ".join(f"{reason} (x{count})" for reason, count in breaks.most_common(3))
+            log.warning(
+                "gact: %d graph break(s) in %s; activations of the code between compiled graphs are not "
+                "compressed. Reasons: %s", sum(breaks.values()), handle._model_name, reasons,
+            )
+        if handle.backend.records:
+            handle.mode = "compiled"
+            return
+        if handle.fallback == "hooks":
+            config = handle.config
+            handle.hooks = HookCompressor(self.model, bits=config.initial_bits, group_size=config.group_size, min_numel=config.min_numel)
+            handle.mode = "hooks"
+            log.warning(
+                "gact: torch.compile captured no training graph of %s, so this step ran uncompressed; "
+                "from the next step activations are compressed through saved-tensor hooks at %d bits "
+                "(fallback='hooks')", handle._model_name, config.initial_bits,
+            )
+            return
+        raise GactCompileError(
+            f"torch.compile captured no training graph of {handle._model_name}, so nothing would be "
+            "compressed. Make the forward traceable, or pass fallback='hooks' to compress through "
+            "saved-tensor hooks instead."
+        )
+
+
+def compress(model: torch.nn.Module, level: str | None = None, *, fallback: str = "error", **options) -> torch.nn.Module:
+    """Make ``model`` train with compressed activations; returns the same module.
+
+    ``level`` is one of GACT's (``gact_fx.LEVELS``); ``options`` are those of the backend
+    (``bits``, ``avg_bits``, ``group_size``, ...). ``fallback``: 'error' (default) or 'hooks'.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"compress() takes an nn.Module, got {type(model).__name__}")
+    if fallback not in FALLBACKS:
+        raise ValueError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
+    if hasattr(model, ATTRIBUTE):
+        raise ValueError(f"{type(model).__name__} already has a '{ATTRIBUTE}' attribute: compressed twice?")
+    config = GactConfig.from_options({**options, **({"level": level} if level is not None else {})})
+    handle = GactHandle(model, GactBackend(config), fallback)
+    _compat.set_compiled_call(model, _GatedCall(model, handle))
+    setattr(model, ATTRIBUTE, handle)
+    return model
+
+
+def decompress(model: torch.nn.Module) -> torch.nn.Module:
+    """Undo ``compress``: the plain module again (same object, same parameters)."""
+    if not isinstance(getattr(model, ATTRIBUTE, None), GactHandle):
+        raise ValueError(f"{type(model).__name__} was not compressed by gact_fx.compress()")
+    _compat.set_compiled_call(model, None)
+    delattr(model, ATTRIBUTE)
+    return model
