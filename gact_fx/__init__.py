@@ -5,7 +5,7 @@ installed (entry point ``torch_dynamo_backends``); the rest is reached from here
 Importing this package starts neither CUDA nor Triton nor Dynamo.
 """
 
-from .api import GactHandle, compress, decompress
+from .api import GactHandle, compress, decompress, visualize
 from .config import LEVELS, GactConfig
 from .controller import GactController
 from .dynamo_backend import GactBackend, GactCompileError, backend_of, last_report
@@ -55,4 +55,5 @@ __all__ = [
     "last_report",
     "manual_seed",
     "report",
+    "visualize",
 ]

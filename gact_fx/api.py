@@ -14,7 +14,9 @@ logged, since code between compiled graphs runs uncompressed.
 
 from __future__ import annotations
 
+import copy
 import logging
+import pathlib
 from collections import Counter
 
 import torch
@@ -25,6 +27,7 @@ from .controller import GactController
 from .dynamo_backend import GactBackend, GactCompileError
 from .hooks import HookCompressor
 from .report import Report
+from .viz import render_dot, render_html, render_text
 
 log = logging.getLogger("gact_fx")
 
@@ -134,3 +137,61 @@ def decompress(model: torch.nn.Module) -> torch.nn.Module:
     _compat.set_compiled_call(model, None)
     delattr(model, ATTRIBUTE)
     return model
+
+
+FORMATS = ("html", "dot", "text")
+
+
+def _backend_of(target) -> GactBackend:
+    from .dynamo_backend import backend_of
+
+    if isinstance(target, GactBackend):
+        return target
+    handle = getattr(target, ATTRIBUTE, None)
+    if isinstance(handle, GactHandle):
+        return handle.backend
+    return backend_of(target)
+
+
+def _default_loss(output) -> torch.Tensor:
+    leaves = [t for t in _compat.tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    return sum(t.float().sum() for t in leaves)
+
+
+def visualize(target, *example_inputs, path=None, format: str | None = None, title: str | None = None, loss=None, **options) -> str:
+    """Render what gact does to a model as HTML, DOT or text; returns it, writes ``path`` if given.
+
+    ``target`` is a module that already ran a training step with gact (``compress`` or
+    ``torch.compile(backend=gact)``), a ``GactBackend``, or, with ``example_inputs``, a plain
+    module: a copy of it is compiled with ``options`` and runs one step (``loss(output)``,
+    by default the sum of the outputs). ``format`` defaults from ``path``'s suffix.
+    """
+    path = pathlib.Path(path) if path is not None else None
+    if format is None:
+        format = {".html": "html", ".htm": "html", ".dot": "dot", ".gv": "dot"}.get(path.suffix.lower() if path else "", "text")
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
+    if example_inputs:
+        if not isinstance(target, torch.nn.Module):
+            raise TypeError("example inputs go with an nn.Module to compile and run")
+        backend = GactBackend(GactConfig.from_options(options))
+        model = copy.deepcopy(target)
+        (loss or _default_loss)(torch.compile(model, backend=backend)(*example_inputs)).backward()
+    else:
+        if options:
+            raise ValueError("options only apply when visualize() compiles the model (give example inputs)")
+        backend = _backend_of(target)
+    report = backend.report()
+    if not report.records:
+        raise LookupError("no training graph was compiled: run a training step first (or give example inputs)")
+    if format == "html":
+        sensitivities = {t.slot: t.sensitivity for t in backend.controller.tensors()} if backend.controller else {}
+        text = render_html(report, title=title or f"gact-fx: {type(target).__name__}", sensitivities=sensitivities)
+    elif format == "dot":
+        text = render_dot(report)
+    else:
+        text = render_text(report)
+    if path is not None:
+        path.write_text(text, encoding="utf-8")
+        log.info("gact: wrote %s (%d bytes)", path, len(text))
+    return text

@@ -18,9 +18,11 @@ import torch.fx as fx
 from ._compat import partitioners
 from .config import GactConfig
 from .passes.masks import hoist_comparisons
+from .passes.memory import saved_bytes_timeline
 from .passes.plan import BitsChooser, Compression, PlanOptions, assign_bits, plan_compression
 from .passes.rewrite import apply_plan
 from .passes.saved import find_saved
+from .passes.snapshot import graph_view
 from .report import GraphRecord
 from .runtime.slots import allocate_slot
 from .runtime.table import RUNTIME_BITS
@@ -84,6 +86,7 @@ class GactPartitioner:
         code_before = (fw.code, bw.code)
         static_indices = static_lifetime_input_indices or ()
         saved = baseline = find_saved(fw, bw, num_fwd_outputs, static_indices)
+        baseline_timeline = saved_bytes_timeline(fw, bw, baseline)
         if self.config.enabled and hoist_comparisons(fw, bw, saved):
             saved = find_saved(fw, bw, num_fwd_outputs, static_indices)
         options = PlanOptions(
@@ -105,6 +108,13 @@ class GactPartitioner:
 
             lower_to_aten(fw, bw, num_fwd_outputs)
         record.attach_code(before=code_before, after=(fw.code, bw.code))
+        final = find_saved(fw, bw, num_fwd_outputs, static_indices)
+        record.attach_views(
+            forward=graph_view(fw),
+            backward=graph_view(bw),
+            baseline_timeline=baseline_timeline,
+            timeline=saved_bytes_timeline(fw, bw, final),
+        )
         record.pass_seconds = time.perf_counter() - started
         self.on_record(record)
         return fw, bw

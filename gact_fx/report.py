@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from ._compat import hint
 from .config import GactConfig
 from .passes.plan import COMPRESSIBLE_KINDS, CompressionPlan, activation_nbytes, layout_of
+from .passes.memory import Timeline
 from .passes.saved import SavedGraph, SavedKind
+from .passes.snapshot import GraphView
 from .runtime.ops import blob_nbytes
 from .runtime.table import RUNTIME_BITS, TABLE
 
@@ -118,6 +120,10 @@ class GraphRecord:
     code_after: tuple[str, str] = ("", "")
     pass_seconds: float = 0.0
     parameters: list = field(default_factory=list)  # weak references to the graph's parameters
+    forward_view: GraphView | None = None  # the graphs as gact left them (plain data)
+    backward_view: GraphView | None = None
+    baseline_timeline: Timeline | None = None  # bytes held for backward, node by node
+    timeline: Timeline | None = None
 
     @classmethod
     def build(cls, *, index, compiler, config, baseline, saved, plan) -> GraphRecord:
@@ -132,6 +138,10 @@ class GraphRecord:
     def attach_code(self, *, before: tuple[str, str], after: tuple[str, str]) -> None:
         self.code_before, self.code_after = before, after
 
+    def attach_views(self, *, forward: GraphView, backward: GraphView, baseline_timeline: Timeline, timeline: Timeline) -> None:
+        self.forward_view, self.backward_view = forward, backward
+        self.baseline_timeline, self.timeline = baseline_timeline, timeline
+
     @property
     def activation_bytes_before(self) -> int:
         return self.baseline_activation_bytes
@@ -144,8 +154,8 @@ class GraphRecord:
         compressed = [r for r in self.rows if r.stored == "compressed"]
         line = (
             f"gact graph {self.index} ({self.compiler}): {len(self.rows)} saved values, "
-            f"{len(compressed)} compressed; activations {_fmt_bytes(self.activation_bytes_before)}"
-            f" -> {_fmt_bytes(self.activation_bytes_after)}"
+            f"{len(compressed)} compressed; activations {format_bytes(self.activation_bytes_before)}"
+            f" -> {format_bytes(self.activation_bytes_after)}"
         )
         if compressed:
             return line + f" ({_ratio(self.activation_bytes_before, self.activation_bytes_after)})"
@@ -182,11 +192,11 @@ class Report:
             bits = "-" if r.bits is None else str(r.bits)
             lines.append(
                 f"{r.graph:>5} {r.name[:28]:<28} {r.kind:<18} {str(list(r.shape))[:20]:<20} {r.dtype:<9} "
-                f"{bits:>4} {_fmt_bytes(r.bytes_before):>10} {_fmt_bytes(r.bytes_after):>10}  {r.stored}"
+                f"{bits:>4} {format_bytes(r.bytes_before):>10} {format_bytes(r.bytes_after):>10}  {r.stored}"
             )
         lines.append(
-            f"total activations: {_fmt_bytes(self.activation_bytes_before)} -> "
-            f"{_fmt_bytes(self.activation_bytes_after)} ({_ratio(self.activation_bytes_before, self.activation_bytes_after)})"
+            f"total activations: {format_bytes(self.activation_bytes_before)} -> "
+            f"{format_bytes(self.activation_bytes_after)} ({_ratio(self.activation_bytes_before, self.activation_bytes_after)})"
         )
         return "\n".join(lines)
 
@@ -194,7 +204,7 @@ class Report:
         return self.table()
 
 
-def _fmt_bytes(n: int) -> str:
+def format_bytes(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

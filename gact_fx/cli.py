@@ -1,0 +1,84 @@
+"""The ``gact-fx`` command: ``viz`` (the graph viewer) and ``bench`` (the benchmark suite).
+
+    gact-fx viz examples/viz_models.py:transformer_block --out block.html
+    gact-fx viz my_model.py:build --format dot --out graph.dot --option bits=2
+
+A model spec is ``FILE.py:FUNCTION``; the function returns ``(model, example_inputs)`` or
+``(model, example_inputs, loss_fn)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.util
+import logging
+import pathlib
+import sys
+
+log = logging.getLogger("gact_fx")
+
+
+def load_factory(spec: str):
+    path, _, name = spec.rpartition(":")
+    if not path or not name:
+        raise SystemExit(f"gact-fx: expected FILE.py:FUNCTION, got {spec!r}")
+    file = pathlib.Path(path)
+    if not file.is_file():
+        raise SystemExit(f"gact-fx: no such file {file}")
+    module_spec = importlib.util.spec_from_file_location(file.stem, file)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.path.insert(0, str(file.parent.resolve()))
+    module_spec.loader.exec_module(module)
+    try:
+        return getattr(module, name)
+    except AttributeError:
+        raise SystemExit(f"gact-fx: {file} has no function {name!r}") from None
+
+
+def parse_options(pairs: list[str]) -> dict:
+    options = {}
+    for pair in pairs:
+        key, separator, value = pair.partition("=")
+        if not separator:
+            raise SystemExit(f"gact-fx: options are KEY=VALUE, got {pair!r}")
+        try:
+            options[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            options[key] = value
+    return options
+
+
+def viz(args) -> int:
+    import gact_fx
+
+    built = load_factory(args.model)()
+    model, inputs, loss = (tuple(built) + (None,))[:3]
+    inputs = inputs if isinstance(inputs, (tuple, list)) else (inputs,)
+    log.info("gact-fx viz: compiling %s and running one training step", type(model).__name__)
+    text = gact_fx.visualize(model, *inputs, path=args.out, format=args.format, title=args.title, loss=loss, **parse_options(args.option))
+    if args.out is None:
+        sys.stdout.write(text)
+    else:
+        print(f"wrote {args.out}")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="gact-fx", description="activation-compressed training for torch.compile")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress (INFO)")
+    commands = parser.add_subparsers(dest="command", required=True)
+    viz_parser = commands.add_parser("viz", help="render what gact does to a model (HTML, DOT or text)")
+    viz_parser.add_argument("model", help="FILE.py:FUNCTION returning (model, example_inputs[, loss_fn])")
+    viz_parser.add_argument("--out", help="output file (.html, .dot); text to stdout when omitted")
+    viz_parser.add_argument("--format", choices=("html", "dot", "text"), help="default: from --out's suffix")
+    viz_parser.add_argument("--title")
+    viz_parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="a gact option, e.g. bits=2")
+    viz_parser.set_defaults(run=viz)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
