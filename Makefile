@@ -9,7 +9,7 @@ PYTHON ?= python3
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[test,examples,triton]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[test,examples,bench,triton]"
 	touch $@
 
 demo: $(VENV)/.installed

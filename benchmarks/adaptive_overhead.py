@@ -23,6 +23,7 @@ import torch
 import gact_fx
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from benchmarks._results import save_table  # noqa: E402
 from benchmarks.cpu_step_time import cases  # noqa: E402
 from tests.helpers import projection_loss  # noqa: E402
 
@@ -49,10 +50,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     all_cases = cases()
-    print(f"torch {torch.__version__}, CPU, 1 thread, eager path, avg_bits=2, probe_tensors={args.probe_tensors}\n")
-    print("| model | tensors | normal step ms | probe step ms | initial probe steps | overhead at interval "
-          f"{args.interval} | incl. initial over 10k steps |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    lines = [f"Eager path, avg_bits=2, probe_tensors={args.probe_tensors}, one thread.\n",
+             "| model | tensors | normal step ms | probe step ms | initial probe steps | overhead at interval "
+             f"{args.interval} | incl. initial over 10k steps |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for name in args.models:
         model, inputs = all_cases[name]
         torch._dynamo.reset()
@@ -65,8 +65,10 @@ def main(argv=None):
         extra = probing - normal
         steady = extra / (args.interval * normal)
         with_initial = (extra * (initial + 10_000 / args.interval)) / (10_000 * normal)
-        print(f"| {name} | {tensors} | {1e3 * normal:.1f} | {1e3 * probing:.1f} | {initial} | "
-              f"{100 * steady:.2f}% | {100 * with_initial:.2f}% |", flush=True)
+        lines.append(f"| {name} | {tensors} | {1e3 * normal:.1f} | {1e3 * probing:.1f} | {initial} | "
+                     f"{100 * steady:.2f}% | {100 * with_initial:.2f}% |")
+        print(lines[-1], flush=True)
+    save_table("adaptive_overhead", "\n".join(lines))
 
 
 if __name__ == "__main__":

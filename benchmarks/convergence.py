@@ -16,6 +16,7 @@ import sys
 
 import torch
 
+from gact_fx.bench.metadata import metadata
 from gact_fx.bench.tasks import TASKS
 from gact_fx.bench.train import METHODS, train
 
@@ -63,7 +64,8 @@ def main(argv=None):
         results.append(train(task, method, METHODS[method], steps=args.steps, eval_every=args.eval_every, seed=args.seed, progress=progress))
     RESULTS.mkdir(exist_ok=True)
     stem = RESULTS / f"convergence_{args.task}"
-    stem.with_suffix(".json").write_text(json.dumps([dataclasses.asdict(r) for r in results], indent=1))
+    meta = metadata("cpu") | {"compiler": "auto (eager on the CPU)"}
+    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": [dataclasses.asdict(r) for r in results]}, indent=1))
     plot(results, task, stem.with_suffix(".png"))
     reference = next((r for r in results if r.method == "fp32"), None)
     print(f"| method | final {task.metric} | vs fp32 | average bits | train time s |")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import pathlib
 import statistics
 import sys
@@ -22,6 +21,7 @@ import torch
 import gact_fx
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from benchmarks._results import save_table  # noqa: E402
 from tests.helpers import ConvBlock, MLP, TransformerBlock, projection_loss, tiny_bert  # noqa: E402
 
 
@@ -59,7 +59,7 @@ def main(argv=None):
     parser.add_argument("--compilers", nargs="+", default=["eager", "inductor"])
     parser.add_argument("--bits", nargs="+", type=int, default=[8, 2])
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--json", type=pathlib.Path)
+    parser.add_argument("--lowering", default="op", choices=("op", "aten"), help="gact's lowering (aten: Inductor only)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     rows = []
@@ -67,20 +67,22 @@ def main(argv=None):
     for name in args.models:
         model, inputs = all_cases[name]
         for compiler in args.compilers:
+            if compiler == "eager" and args.lowering == "aten":
+                continue
             base_compile, base_step = measure(model, inputs, gact_fx.backend(enabled=False, compiler=compiler), args.steps)
             rows.append(dict(model=name, compiler=compiler, bits="off", compile_s=base_compile, step_ms=1e3 * base_step, ratio=1.0))
             print(f"{name} {compiler} off: {1e3 * base_step:.1f} ms", file=sys.stderr, flush=True)
             for bits in args.bits:
-                compile_s, step = measure(model, inputs, gact_fx.backend(bits=bits, compiler=compiler), args.steps)
+                backend = gact_fx.backend(bits=bits, compiler=compiler, lowering=args.lowering)
+                compile_s, step = measure(model, inputs, backend, args.steps)
                 rows.append(dict(model=name, compiler=compiler, bits=bits, compile_s=compile_s, step_ms=1e3 * step, ratio=step / base_step))
                 print(f"{name} {compiler} {bits}b: {1e3 * step:.1f} ms", file=sys.stderr, flush=True)
-    print(f"torch {torch.__version__}, CPU, 1 thread, median of {args.steps} steps\n")
-    print("| model | compiler | gact bits | first call (compile) s | step ms | step vs gact off |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    lines = [f"One thread, median of {args.steps} steps; lowering {args.lowering}.\n",
+             "| model | compiler | gact bits | first call (compile) s | step ms | step vs gact off |", "| --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        print(f"| {r['model']} | {r['compiler']} | {r['bits']} | {r['compile_s']:.1f} | {r['step_ms']:.1f} | {r['ratio']:.2f}x |")
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+        lines.append(f"| {r['model']} | {r['compiler']} | {r['bits']} | {r['compile_s']:.1f} | {r['step_ms']:.1f} | {r['ratio']:.2f}x |")
+    print("\n".join(lines))
+    save_table("cpu_step_time", "\n".join(lines), rows=rows)
 
 
 if __name__ == "__main__":

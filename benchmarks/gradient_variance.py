@@ -25,6 +25,7 @@ from gact_fx.allocation import quantization_variance
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from benchmarks._results import save_table  # noqa: E402
 from tests.helpers import flat_grad, model_case, projection_loss  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -124,14 +125,15 @@ def main(argv=None):
         print(f"measuring {name} ...", file=sys.stderr, flush=True)
         rows.append(measure(name, args.draws))
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "gradient_variance.json").write_text(json.dumps(rows, indent=1))
     plot(rows, RESULTS / "gradient_variance.png")
-    print("| model | tensors | uniform 8 | uniform 4 | uniform 2 | adaptive 4 | adaptive 3 | adaptive 2 | adaptive 2 <= uniform 4 | adaptive 4 <= uniform 8 |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    lines = ["| model | tensors | uniform 8 | uniform 4 | uniform 2 | adaptive 4 | adaptive 3 | adaptive 2 | adaptive 2 <= uniform 4 | adaptive 4 <= uniform 8 |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         u, a = r["uniform"], r["adaptive"]
-        print(f"| {r['model']} | {r['tensors']} | {u[8]:.2e} | {u[4]:.2e} | {u[2]:.2e} | {a[4]:.2e} | {a[3]:.2e} | {a[2]:.2e} | "
-              f"{'yes' if a[2] <= u[4] else 'no'} | {'yes' if a[4] <= u[8] else 'no'} |")
+        lines.append(f"| {r['model']} | {r['tensors']} | {u[8]:.2e} | {u[4]:.2e} | {u[2]:.2e} | {a[4]:.2e} | {a[3]:.2e} | {a[2]:.2e} | "
+                     f"{'yes' if a[2] <= u[4] else 'no'} | {'yes' if a[4] <= u[8] else 'no'} |")
+    print("\n".join(lines))
+    save_table("gradient_variance", "\n".join(lines), rows=rows)
 
 
 if __name__ == "__main__":

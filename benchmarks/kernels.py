@@ -23,6 +23,9 @@ import torch
 
 import gact_fx
 from gact_fx.runtime import format as fmt
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
+from benchmarks._results import save_table  # noqa: E402
 from gact_fx.runtime import ops  # noqa: F401  (registers torch.ops.gact)
 
 
@@ -139,18 +142,15 @@ def main(argv=None):
     repeats = args.repeats or (20 if on_cuda else 5)
     if not on_cuda:
         torch.set_num_threads(1)
-    device_name = torch.cuda.get_device_name() if on_cuda else "CPU (1 thread)"
-    print(f"device: {device_name}, torch {torch.__version__}, {numel} elements, median of {repeats}\n")
-    print("| dtype | bits | lowering | op | GB/s | of copy bandwidth |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    lines = [f"{numel} elements per tensor, median of {repeats}.\n", "| dtype | bits | lowering | op | GB/s | of copy bandwidth |", "| --- | --- | --- | --- | --- | --- |"]
     for r in kernel_table(args.device, numel, repeats):
-        print(f"| {r['dtype']} | {r['bits']} | {r['lowering']} | {r['op']} | {r['gbps']:.1f} | {100 * r['of_copy']:.0f}% |")
-    if args.skip_steps:
-        return
-    print("\n| model | method | step ms | vs torch.compile |")
-    print("| --- | --- | --- | --- |")
-    for r in step_table(args.device, "full" if on_cuda else "small", repeats):
-        print(f"| {r['model']} | {r['method']} | {r['step_ms']:.1f} | {r['vs_compile']:.2f}x |")
+        lines.append(f"| {r['dtype']} | {r['bits']} | {r['lowering']} | {r['op']} | {r['gbps']:.2f} | {100 * r['of_copy']:.1f}% |")
+    if not args.skip_steps:
+        lines += ["", "| model | method | step ms | vs torch.compile |", "| --- | --- | --- | --- |"]
+        for r in step_table(args.device, "full" if on_cuda else "small", repeats):
+            lines.append(f"| {r['model']} | {r['method']} | {r['step_ms']:.1f} | {r['vs_compile']:.2f}x |")
+    print("\n".join(lines))
+    save_table("kernels", "\n".join(lines), device=args.device)
 
 
 if __name__ == "__main__":

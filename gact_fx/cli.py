@@ -2,6 +2,8 @@
 
     gact-fx viz examples/viz_models.py:transformer_block --out block.html
     gact-fx viz my_model.py:build --format dot --out graph.dot --option bits=2
+    gact-fx bench --quick --out /tmp/bench
+    gact-fx bench --markdown BENCHMARKS.md
 
 A model spec is ``FILE.py:FUNCTION``; the function returns ``(model, example_inputs)`` or
 ``(model, example_inputs, loss_fn)``.
@@ -64,6 +66,12 @@ def viz(args) -> int:
     return 0
 
 
+def bench(args) -> int:
+    from .bench.suite import main as run_bench
+
+    return run_bench(args)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="gact-fx", description="activation-compressed training for torch.compile")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress (INFO)")
@@ -75,6 +83,18 @@ def main(argv=None) -> int:
     viz_parser.add_argument("--title")
     viz_parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="a gact option, e.g. bits=2")
     viz_parser.set_defaults(run=viz)
+    bench_parser = commands.add_parser("bench", help="memory, speed and accuracy of gact against the alternatives")
+    bench_parser.add_argument("--quick", action="store_true", help="a minute-long smoke run (tiny models, eager path)")
+    bench_parser.add_argument("--models", nargs="+", help="zoo entries (default: all; --quick: cnn gpt2)")
+    bench_parser.add_argument("--sizes", nargs="+", help="tiny small base large (default: tiny on CPU)")
+    bench_parser.add_argument("--methods", nargs="+", help="method names (default: all)")
+    bench_parser.add_argument("--tasks", nargs="+", help="accuracy tasks: mnist1d digits karate charlm")
+    bench_parser.add_argument("--skip-accuracy", action="store_true")
+    bench_parser.add_argument("--steps", type=int, help="timed steps per measurement")
+    bench_parser.add_argument("--device", choices=("cpu", "cuda"))
+    bench_parser.add_argument("--out", default="benchmarks/results", help="directory for JSON, CSV and figures")
+    bench_parser.add_argument("--markdown", help="report to write (default: OUT/BENCHMARKS.md)")
+    bench_parser.set_defaults(run=bench)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     return args.run(args)

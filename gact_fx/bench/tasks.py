@@ -161,7 +161,77 @@ class CharLMTask:
         return sum(losses) / len(losses)
 
 
-TASKS = {"mnist1d": Mnist1dTask, "charlm": CharLMTask}
+class DigitsTask:
+    """sklearn's bundled 8x8 digits, an MLP."""
+
+    name = "digits-mlp"
+    metric = "test accuracy"
+    higher_is_better = True
+
+    def __init__(self, batch_size: int = 64, seed: int = 0):
+        from sklearn.datasets import load_digits
+
+        data = load_digits()
+        x = torch.as_tensor(data.data, dtype=torch.float32) / 16.0
+        y = torch.as_tensor(data.target, dtype=torch.long)
+        order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
+        split = int(0.8 * len(x))
+        self.x_train, self.y_train = x[order[:split]], y[order[:split]]
+        self.x_test, self.y_test = x[order[split:]], y[order[split:]]
+        self.batch_size = batch_size
+
+    def model(self) -> nn.Module:
+        return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+
+    def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def batch(self, step: int, generator: torch.Generator):
+        index = torch.randint(0, len(self.x_train), (self.batch_size,), generator=generator)
+        return (self.x_train[index],), self.y_train[index]
+
+    def loss(self, output, target) -> torch.Tensor:
+        return F.cross_entropy(output, target)
+
+    @torch.no_grad()
+    def evaluate(self, model) -> float:
+        return (model(self.x_test).argmax(1) == self.y_test).float().mean().item()
+
+
+class KarateTask:
+    """Zachary's karate club (bundled with PyG, built in code), a two-layer GCN."""
+
+    name = "karate-gcn"
+    metric = "test accuracy"
+    higher_is_better = True
+
+    def __init__(self, seed: int = 0):
+        from torch_geometric.datasets import KarateClub
+
+        data = KarateClub()[0]
+        self.x, self.edge_index, self.y, self.train_mask = data.x, data.edge_index, data.y, data.train_mask
+
+    def model(self) -> nn.Module:
+        from .zoo import _GraphNet
+
+        return _GraphNet("gcn", self.x.shape[1], 64, 4, 2)
+
+    def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.Adam(model.parameters(), lr=1e-2, weight_decay=5e-4)
+
+    def batch(self, step: int, generator: torch.Generator):
+        return (self.x, self.edge_index), self.y
+
+    def loss(self, output, target) -> torch.Tensor:
+        return F.cross_entropy(output[self.train_mask], target[self.train_mask])
+
+    @torch.no_grad()
+    def evaluate(self, model) -> float:
+        held_out = ~self.train_mask
+        return (model(self.x, self.edge_index).argmax(1)[held_out] == self.y[held_out]).float().mean().item()
+
+
+TASKS = {"mnist1d": Mnist1dTask, "digits": DigitsTask, "charlm": CharLMTask, "karate": KarateTask}
 
 
 def lr_scale(step: int, steps: int, warmup: int = 50) -> float:

@@ -6,7 +6,6 @@ options differ. Evaluation runs under ``torch.no_grad()`` (no compression cost).
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ import torch
 
 import gact_fx
 
+from .methods import Method
 from .tasks import lr_scale
 
 log = logging.getLogger("gact_fx.bench")
@@ -27,7 +27,7 @@ METHODS = {
     "L2 (adaptive 4)": {"level": "L2"},
     "L2.1 (adaptive 3)": {"level": "L2.1"},
     "L2.2 (adaptive 2)": {"level": "L2.2"},
-}
+}  # gact options by level, for benchmarks/convergence.py
 
 
 @dataclass
@@ -47,16 +47,24 @@ class TrainResult:
         return self.curve[-1][1] if self.curve else float("nan")
 
 
-def train(task, method: str, options: dict, *, steps: int, eval_every: int, seed: int = 0, progress=None) -> TrainResult:
+def train(task, method: str, options: dict | Method, *, steps: int, eval_every: int, seed: int = 0,
+          progress=None, compiler: str = "auto") -> TrainResult:
+    """``options``: gact options, or a ``bench.methods.Method`` (compiled with ``compiler``)."""
+    if isinstance(options, Method):
+        with options.patches():
+            return _train(task, method, options.backend(compiler), dict(options.gact or {}), steps, eval_every, seed, progress)
+    return _train(task, method, gact_fx.backend(**options), dict(options), steps, eval_every, seed, progress)
+
+
+def _train(task, method, backend, options, steps, eval_every, seed, progress) -> TrainResult:
     torch.manual_seed(seed)
     gact_fx.manual_seed(seed)
     model = task.model()
-    backend = gact_fx.backend(**options)
     compiled = torch.compile(model, backend=backend)
     optimizer = task.optimizer(model)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_scale(s, steps))
     generator = torch.Generator().manual_seed(seed)
-    result = TrainResult(task.name, method, dict(options), task.metric)
+    result = TrainResult(task.name, method, options, task.metric)
     started = time.perf_counter()
     for step in range(1, steps + 1):
         inputs, target = task.batch(step, generator)
@@ -79,6 +87,3 @@ def train(task, method: str, options: dict, *, steps: int, eval_every: int, seed
         result.average_bits = backend.controller.average_bits()
     return result
 
-
-def copy_options(options: dict) -> dict:
-    return copy.deepcopy(options)

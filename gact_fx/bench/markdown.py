@@ -1,0 +1,128 @@
+"""Generate BENCHMARKS.md from the result files of ``gact-fx bench`` and ``benchmarks/``.
+
+Every section comes from one JSON file with its ``meta`` (device, torch version, date,
+command) printed above its table, so each number carries where and how it was made.
+Sections whose file is absent are left out.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+from ..report import format_bytes
+from ..runtime.format import ideal_ratio
+
+
+def _meta(meta: dict) -> str:
+    return (f"*{meta.get('device', '?')}; torch {meta.get('torch', '?')}; {meta.get('date', '?')}; "
+            f"command: `{meta.get('command', '?')}`*\n")
+
+
+def _load(path: pathlib.Path):
+    data = json.loads(path.read_text())
+    if isinstance(data, list):  # older files: a bare list of results
+        return {"meta": {}, "results": data}
+    return data
+
+
+def _ratio(value, reference) -> str:
+    if value is None or not reference:
+        return "-"
+    return f"{reference / max(value, 1):.1f}x smaller" if value <= reference else f"{value / reference:.2f}x larger"
+
+
+def suite_section(data: dict) -> str:
+    rows, meta = data["rows"], data["meta"]
+    lines = ["## Memory, speed and compile time\n", _meta(meta),
+             f"Compiler for every method: {meta.get('compiler')}. Saved activations: what autograd keeps after one forward "
+             "(parameters, buffers and outputs left out), measured at run time. Peak: "
+             + ("`max_memory_allocated` over a step." if "CPU" not in meta.get("device", "") else
+                "the peak of a step's allocations above what it started with (CPU profiler).")
+             + " Step time: median, as a ratio to torch.compile measured in the same run. Limit: the least a "
+             "b-bit format can store, (b + 0.25)/32 of fp32.\n"]
+    for key in sorted({(r["model"], r["size"]) for r in rows}, key=lambda k: (k[0], k[1])):
+        group = [r for r in rows if (r["model"], r["size"]) == key]
+        base = next((r for r in group if r["method"] == "torch.compile" and not r["error"]), None)
+        lines.append(f"\n**{key[0]} ({key[1]})**, batch {group[0]['batch']}\n")
+        lines.append("| method | saved activations | vs torch.compile | limit | peak step memory | step time | compile s | max batch |")
+        lines.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        for r in group:
+            if r["error"]:
+                lines.append(f"| {r['method']} | failed: {r['error'].replace('|', '/')} | | | | | | |")
+                continue
+            limit = f"{1 / ideal_ratio(r['bits']):.1f}x" if r.get("bits") else "-"
+            time_ratio = f"{r['step_ms'] / base['step_ms']:.2f}x" if base else f"{r['step_ms']:.1f} ms"
+            versus = "baseline" if r is base else _ratio(r["saved_bytes"], base and base["saved_bytes"])
+            lines.append(
+                f"| {r['method']} | {format_bytes(r['saved_bytes'])} | {versus} | "
+                f"{limit} | {format_bytes(r['peak_bytes'])} | {time_ratio} | {r['compile_s']:.1f} | {r['max_batch'] or '-'} |"
+            )
+    return "\n".join(lines) + "\n\n![memory against step time](benchmarks/results/memory_vs_time.png)\n"
+
+
+def accuracy_section(data: dict) -> str:
+    results, meta = data["results"], data["meta"]
+    lines = ["## Accuracy on short real training runs\n", _meta(meta),
+             "Same data, order, initial weights and seeds for every method; only how saved activations are stored differs.\n"]
+    for task in sorted({r["task"] for r in results}):
+        group = [r for r in results if r["task"] == task]
+        reference = next((r for r in group if r["method"] in ("torch.compile", "fp32") and r.get("curve")), None)
+        metric = group[0]["metric"]
+        lines += [f"\n**{task}** ({metric})\n", f"| method | final {metric} | vs uncompressed | average bits |", "| --- | --- | --- | --- |"]
+        for r in group:
+            if r.get("error") or not r.get("curve"):
+                lines.append(f"| {r['method']} | failed: {r.get('error', 'no result')} | | |")
+                continue
+            final = r["curve"][-1][1]
+            if r.get("diverged"):
+                delta = "diverged"
+            elif reference is None:
+                delta = "-"
+            elif "accuracy" in metric:
+                delta = f"{100 * (final - reference['curve'][-1][1]):+.2f} pp"
+            else:
+                delta = f"{100 * (final - reference['curve'][-1][1]) / reference['curve'][-1][1]:+.2f}%"
+            bits = f"{r['average_bits']:.2f}" if r.get("average_bits") is not None else "-"
+            lines.append(f"| {r['method']} | {final:.4f} | {delta} | {bits} |")
+    return "\n".join(lines) + "\n"
+
+
+def convergence_section(path: pathlib.Path, data: dict) -> str:
+    renamed = {"results": [dict(r, task=r.get("task", path.stem)) for r in data["results"]], "meta": data["meta"]}
+    text = accuracy_section(renamed).replace("## Accuracy on short real training runs", f"## Convergence: {path.stem.removeprefix('convergence_')}")
+    figure = path.with_suffix(".png")
+    return text + (f"\n![curves]({figure.relative_to(path.parents[2])})\n" if figure.exists() else "")
+
+
+def table_section(title: str, note: str, data: dict) -> str:
+    """A section whose file carries a ready Markdown table (``data["markdown"]``)."""
+    return f"## {title}\n\n{_meta(data['meta'])}\n{note}\n\n{data['markdown']}\n"
+
+
+TABLE_FILES = {
+    "gradient_variance.json": ("Gradient variance: uniform against adaptive bits",
+                               "Relative variance E||g - g_exact||^2 / ||g_exact||^2 over rounding seeds. "
+                               "![gradient variance](benchmarks/results/gradient_variance.png)"),
+    "adaptive_overhead.json": ("Cost of adaptive bits", "A probe step against a normal step, amortised over the interval."),
+    "cpu_step_time.json": ("CPU step time of the gact backend", "Ratios against the same compile path with gact disabled."),
+    "kernels.json": ("Kernels: quantize / dequantize bandwidth and step time", "Against a device-to-device copy of the same tensor."),
+}
+
+
+def write_markdown(results: pathlib.Path, target: pathlib.Path) -> pathlib.Path:
+    sections = ["# Benchmarks\n", "Generated by `gact-fx bench` from `benchmarks/results/*.json`. Every section states the "
+                "device, torch version, date and command its numbers came from; CPU numbers are CPU numbers.\n"]
+    if (results / "suite.json").exists():
+        sections.append(suite_section(_load(results / "suite.json")))
+    if (results / "accuracy.json").exists():
+        sections.append(accuracy_section(_load(results / "accuracy.json")))
+    for path in sorted(results.glob("convergence_*.json")):
+        sections.append(convergence_section(path, _load(path)))
+    for name, (title, note) in TABLE_FILES.items():
+        if (results / name).exists():
+            data = _load(results / name)
+            if "markdown" in data:
+                sections.append(table_section(title, note, data))
+    target.write_text("\n".join(sections))
+    return target

@@ -1,0 +1,168 @@
+"""One (model, method) measurement: compile time, step time, saved bytes, peak memory, max batch.
+
+* saved bytes: what autograd keeps after one forward (``gact_fx.measure``), parameters,
+  buffers and outputs left out: the activations the method is about;
+* peak memory: on CUDA ``max_memory_allocated`` over one step (weights included); on the
+  CPU the peak of the allocations a step makes above what it started with, replayed
+  from the profiler's ``[memory]`` events;
+* step time: median of several steps after warm-up (CUDA-synchronised on a GPU);
+* max batch (CUDA only): doubling then bisection, catching out-of-memory cleanly.
+
+A failure is recorded with its message, never raised: one broken method must not stop
+the suite.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from .._compat import tree_leaves
+from ..measure import SavedBytesMeter
+from .methods import Method
+from .zoo import Workload
+
+
+@dataclass
+class Measurement:
+    model: str
+    size: str
+    method: str
+    batch: int
+    compile_s: float | None = None
+    step_ms: float | None = None
+    saved_bytes: int | None = None
+    peak_bytes: int | None = None
+    max_batch: int | None = None
+    bits: int | None = None
+    error: str | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _cpu_step_peak(step) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+        step()
+    events = sorted(
+        (e for e in profiler.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns()
+    )
+    live = peak = 0
+    for event in events:
+        live += event.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
+def _short(error: BaseException) -> str:
+    text = f"{type(error).__name__}: {error}".splitlines()[0]
+    return text[:160]
+
+
+class _Runner:
+    """A compiled copy of the workload's model under a method, and one training step."""
+
+    def __init__(self, workload: Workload, method: Method, compiler: str, device: str):
+        self.workload, self.method, self.device = workload, method, device
+        self.model = copy.deepcopy(workload.model)
+        if method.checkpoint:
+            if workload.checkpointing is None:
+                raise NotImplementedError("n/a: the model has no per-block checkpointing")
+            workload.checkpointing(self.model)
+        self.model.train()
+        self.backend = method.backend(compiler)
+        self.compiled = torch.compile(self.model, backend=self.backend)
+
+    def step(self, inputs) -> None:
+        self.model.zero_grad(set_to_none=True)
+        self.workload.loss(self.compiled(*inputs)).backward()
+
+    def probing(self) -> bool:
+        controller = self.backend.controller
+        return controller is not None and any(not r.fully_measured for r in controller.regions.values())
+
+
+def measure(workload: Workload, method: Method, *, model: str, size: str, compiler: str, device: str,
+            steps: int, batch: int | None = None, find_max_batch: bool = False) -> Measurement:
+    batch = batch or workload.default_batch
+    result = Measurement(model, size, method.name, batch, bits=method.bits)
+    try:
+        with method.patches():
+            runner = _Runner(workload, method, compiler, device)
+            inputs = workload.batch(batch)
+            started = time.perf_counter()
+            runner.step(inputs)
+            _sync(device)
+            result.compile_s = time.perf_counter() - started
+            for _ in range(20):  # warm up; adaptive methods first measure every tensor
+                runner.step(inputs)
+                if not runner.probing():
+                    break
+            times = []
+            for _ in range(steps):
+                _sync(device)
+                started = time.perf_counter()
+                runner.step(inputs)
+                _sync(device)
+                times.append(time.perf_counter() - started)
+            result.step_ms = 1e3 * statistics.median(times)
+            exclude = [*runner.model.parameters(), *runner.model.buffers()]
+            with SavedBytesMeter(exclude=exclude) as meter:
+                output = runner.compiled(*inputs)
+            meter.exclude(t for t in tree_leaves(output) if isinstance(t, torch.Tensor))
+            result.saved_bytes = meter.nbytes
+            del output, meter
+            if device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+                runner.step(inputs)
+                result.peak_bytes = torch.cuda.max_memory_allocated()
+            else:
+                result.peak_bytes = _cpu_step_peak(lambda: runner.step(inputs))
+            if find_max_batch and device == "cuda":
+                result.max_batch = _max_batch(runner, batch)
+    except Exception as error:  # recorded in the table, not raised: the suite goes on
+        result.error = _short(error)
+    finally:
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return result
+
+
+def _fits(runner: _Runner, batch: int) -> bool:
+    try:
+        runner.step(runner.workload.batch(batch))
+        torch.cuda.synchronize()
+        return True
+    except torch.cuda.OutOfMemoryError:
+        return False
+    finally:
+        runner.model.zero_grad(set_to_none=True)
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def _max_batch(runner: _Runner, start: int, limit: int = 1 << 16) -> int:
+    """Largest batch that trains without running out of memory (doubling, then bisection)."""
+    low, high = 0, start
+    while high <= limit and _fits(runner, high):
+        low, high = high, high * 2
+    while high - low > max(1, low // 32):
+        middle = (low + high) // 2
+        if _fits(runner, middle):
+            low = middle
+        else:
+            high = middle
+    return low

@@ -1,0 +1,33 @@
+"""Where and how a benchmark result was produced: device, torch version, date, command."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import shlex
+import sys
+
+import torch
+
+
+def device_name(device: str) -> str:
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            model = next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"CPU: {model}, {os.cpu_count()} cores, {torch.get_num_threads()} torch thread(s)"
+
+
+def metadata(device: str = "cpu", command: list[str] | None = None) -> dict:
+    return {
+        "device": device_name(device),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": shlex.join(command if command is not None else [os.path.basename(sys.argv[0]), *sys.argv[1:]]),
+    }

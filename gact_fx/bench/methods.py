@@ -1,0 +1,91 @@
+"""The memory-saving methods ``gact-fx bench`` puts side by side.
+
+Each is a ``torch.compile`` backend plus the config patches it needs, all scoped
+(``config.patch`` contexts held while the method compiles and runs):
+
+* torch.compile: the baseline every ratio is taken against;
+* gact 8/4/2 bit, gact L2 (adaptive 4) and L2.2 (adaptive 2);
+* fp8 activations: torch's own ``activation_quantization_aten_pass`` (e5m2, per-tensor
+  scale), opened to fp32 tensors of any size so that it competes on the same tensors;
+* budget 0.5 / 0.0: ``activation_memory_budget`` (recompute instead of save);
+* checkpoint: ``torch.utils.checkpoint`` per block (transformers models that support it);
+* gact 2 bit + budget 0.5: recompute what is cheap, compress what is still saved.
+
+``compiler="inductor"`` compiles everything with Inductor (a fair step-time comparison);
+``"eager"`` runs the same partitioned graphs as Python (``--quick``: seconds, not minutes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import gact_fx
+
+FP8_PASS = {
+    "activation_quantization_aten_pass": {
+        "allowed_dtypes": "torch.float32;torch.bfloat16;torch.float16",
+        "size_in_mb": 0.0,
+        "use_scaling": True,
+        "exclude_primals": True,
+    }
+}
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    gact: dict | None = None  # gact options; None: gact off (stock partitioning)
+    inductor_patches: dict = field(default_factory=dict)
+    functorch_patches: dict = field(default_factory=dict)
+    checkpoint: bool = False
+    bits: int | None = None  # uniform bits, for the physical limit
+    changes_numerics: bool = False  # worth an accuracy run
+
+    def backend(self, compiler: str):
+        options = dict(self.gact) if self.gact is not None else {"enabled": False}
+        return gact_fx.backend(compiler=compiler, **options)
+
+    def patches(self) -> contextlib.AbstractContextManager:
+        stack = contextlib.ExitStack()
+        if self.inductor_patches:
+            import torch._inductor.config as inductor_config
+
+            stack.enter_context(inductor_config.patch(self.inductor_patches))
+        if self.functorch_patches:
+            import torch._functorch.config as functorch_config
+
+            stack.enter_context(functorch_config.patch(self.functorch_patches))
+        return stack
+
+
+# The baseline runs through gact's backend with gact disabled: the same partitioner and
+# compiler as every other method, so differences are the methods' own.
+ALL: dict[str, Method] = {
+    m.name: m
+    for m in (
+        Method("torch.compile"),
+        Method("gact 8 bit", gact={"bits": 8}, bits=8, changes_numerics=True),
+        Method("gact 4 bit", gact={"bits": 4}, bits=4, changes_numerics=True),
+        Method("gact 2 bit", gact={"bits": 2}, bits=2, changes_numerics=True),
+        Method("gact L2 (adaptive 4)", gact={"level": "L2"}, changes_numerics=True),
+        Method("gact L2.2 (adaptive 2)", gact={"level": "L2.2"}, changes_numerics=True),
+        Method("fp8 activations (torch)", inductor_patches={"post_grad_fusion_options": FP8_PASS}, changes_numerics=True),
+        Method("budget 0.5", functorch_patches={"activation_memory_budget": 0.5}),
+        Method("budget 0.0", functorch_patches={"activation_memory_budget": 0.0}),
+        Method("checkpoint", checkpoint=True),
+        Method("gact 2 bit + budget 0.5", gact={"bits": 2}, functorch_patches={"activation_memory_budget": 0.5}, bits=2, changes_numerics=True),
+    )
+}
+QUICK = ("torch.compile", "gact 8 bit", "gact 2 bit", "gact L2.2 (adaptive 2)", "budget 0.5", "fp8 activations (torch)")
+
+
+def select(names: list[str] | None, quick: bool) -> list[Method]:
+    chosen = names or (list(QUICK) if quick else list(ALL))
+    unknown = sorted(set(chosen) - set(ALL))
+    if unknown:
+        raise ValueError(f"unknown method(s) {unknown}; known: {list(ALL)}")
+    if "torch.compile" not in chosen:
+        chosen = ["torch.compile", *chosen]  # every ratio needs the baseline
+    return [ALL[name] for name in chosen]
+
