@@ -1,0 +1,86 @@
+"""Property-based tests of the packed format (hypothesis): any shape, dtype, width, group."""
+
+import math
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gact_fx.runtime import format as fmt
+from gact_fx.runtime.ops import inverse_permutation
+from gact_fx.runtime.reference import (
+    dequantize_reference,
+    pack_codes,
+    quantize_reference,
+    rounding_noise,
+    unpack_codes,
+)
+
+FLOATS = [torch.float32, torch.float16, torch.bfloat16]
+shapes = st.lists(st.integers(min_value=1, max_value=9), min_size=1, max_size=4)
+group_sizes = st.sampled_from([8, 16, 64, 256])
+widths = st.sampled_from([1, 2, 4, 8])
+
+
+@st.composite
+def tensors(draw):
+    shape = draw(shapes)
+    dtype = draw(st.sampled_from(FLOATS))
+    scale = draw(st.sampled_from([1e-6, 1.0, 100.0, 3e4]))
+    offset = draw(st.sampled_from([0.0, 5.0, -1e3]))
+    seed = draw(st.integers(min_value=0, max_value=2**31))
+    values = torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * scale + offset
+    limit = torch.finfo(dtype).max / 2  # finite inputs (non-finite ones have their own tests)
+    return values.clamp(-limit, limit).to(dtype)
+
+
+@settings(max_examples=150, deadline=None)
+@given(codes=st.data(), bits=widths, groups=st.integers(1, 5), group_size=group_sizes)
+def test_pack_unpack_round_trip(codes, bits, groups, group_size):
+    values = codes.draw(st.lists(st.integers(0, 2**bits - 1), min_size=groups * group_size, max_size=groups * group_size))
+    codes_tensor = torch.tensor(values, dtype=torch.uint8).view(groups, group_size)
+    packed = pack_codes(codes_tensor, bits)
+    assert packed.numel() == groups * group_size * bits // 8
+    assert torch.equal(unpack_codes(packed, bits), codes_tensor.flatten())
+
+
+@settings(max_examples=200, deadline=None)
+@given(x=tensors(), bits=widths, group_size=group_sizes, seed=st.integers(0, 2**40))
+def test_error_is_within_one_step_and_the_blob_has_the_declared_size(x, bits, group_size, seed):
+    flat = x.reshape(-1)
+    noise = rounding_noise(fmt.num_groups(flat.numel(), group_size), group_size, seed, "cpu")
+    blob = quantize_reference(flat, bits, group_size, noise)
+    assert blob.numel() == fmt.float_blob_nbytes(flat.numel(), bits, group_size, x.element_size())
+    assert fmt.bits_from_blob_nbytes(blob.numel()) == bits
+    decoded = dequantize_reference(blob, flat.numel(), x.dtype, group_size)
+    assert decoded.dtype == x.dtype and torch.isfinite(decoded).all()
+    groups = fmt.num_groups(flat.numel(), group_size)
+    step = blob[: groups * 4].view(torch.float32).repeat_interleave(group_size)[: flat.numel()]
+    exact = flat.float()
+    rounding = exact.abs() * (2 ** -8 if x.dtype == torch.bfloat16 else 2 ** -11 if x.dtype == torch.float16 else 0)
+    assert ((decoded.float() - exact).abs() <= step * (1 + 1e-5) + rounding + 1e-30).all()
+
+
+@settings(max_examples=100, deadline=None)
+@given(x=tensors())
+def test_pass_through_and_masks_are_lossless(x):
+    flat = x.reshape(-1)
+    assert torch.equal(dequantize_reference(quantize_reference(flat, 32, 64, None), flat.numel(), x.dtype, 64), flat)
+    mask = flat > flat.float().median().to(x.dtype)
+    assert torch.equal(dequantize_reference(quantize_reference(mask, 1, 64, None), mask.numel(), torch.bool, 64), mask)
+
+
+@settings(max_examples=100, deadline=None)
+@given(x=tensors(), bits=st.sampled_from(fmt.SUPPORTED_BITS), data=st.data())
+def test_any_layout_comes_back_in_the_same_layout(x, bits, data):
+    perm = data.draw(st.permutations(list(range(x.dim()))))
+    strided = x.permute(perm).contiguous().permute(inverse_permutation(perm))  # dense, dims in memory order ``perm``
+    blob = torch.ops.gact.quantize(strided, bits, 64, list(perm), 0)
+    decoded = torch.ops.gact.dequantize(blob, list(x.shape), x.dtype, 64, list(perm), 0)
+    assert decoded.shape == x.shape
+    assert all(a == b for a, b, size in zip(decoded.stride(), strided.stride(), x.shape) if size > 1)  # size-1 strides are free
+    if bits == 32:
+        assert torch.equal(decoded, x)
+    else:
+        span = (x.float().max() - x.float().min()).item()
+        assert (decoded.float() - x.float()).abs().max().item() <= span / (2**bits - 1) * (1 + 1e-5) + x.float().abs().max().item() * 2**-7 + 1e-30
