@@ -173,3 +173,12 @@ def graph_break_counts() -> dict[str, int]:
 
     utils = sys.modules.get("torch._dynamo.utils")
     return dict(utils.counters["graph_break"]) if utils is not None else {}
+
+
+def inside_ddp_forward() -> bool:
+    """Whether a DistributedDataParallel forward is running (Dynamo treats it specially)."""
+    if not torch.distributed.is_available():
+        return False
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel._get_active_ddp_module() is not None

@@ -104,10 +104,14 @@ class _GatedCall:
                 "(fallback='hooks')", handle._model_name, config.initial_bits,
             )
             return
+        hint = ""
+        if _compat.inside_ddp_forward():
+            hint = (" Under DistributedDataParallel, torch 2.13 compiles no module compiled in place (neither "
+                    "compress() nor nn.Module.compile()): use DDP(torch.compile(model, backend=gact_fx.backend(...))).")
         raise GactCompileError(
             f"torch.compile captured no training graph of {handle._model_name}, so nothing would be "
             "compressed. Make the forward traceable, or pass fallback='hooks' to compress through "
-            "saved-tensor hooks instead."
+            "saved-tensor hooks instead." + hint
         )
 
 
