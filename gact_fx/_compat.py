@@ -182,3 +182,11 @@ def inside_ddp_forward() -> bool:
     from torch.nn.parallel import DistributedDataParallel
 
     return DistributedDataParallel._get_active_ddp_module() is not None
+
+
+def offload_marked_activations(fw, bw, num_fwd_outputs: int, static_inputs) -> None:
+    """torch's activation offloading over the nodes marked ``meta["should_offload"]``."""
+    from torch._functorch._activation_offloading.activation_offloading import enable_activation_offloading
+    from torch.utils._ordered_set import OrderedSet
+
+    enable_activation_offloading(fw, bw, num_fwd_outputs, OrderedSet(static_inputs))

@@ -26,8 +26,9 @@ LEVELS = {
     "L2": {"avg_bits": 4.0},
     "L2.1": {"avg_bits": 3.0},
     "L2.2": {"avg_bits": 2.0},
+    "L3": {"avg_bits": 4.0, "offload": True},  # L2, with the compressed blobs kept in CPU memory
 }
-_LEVEL_FIELDS = {"enabled", "bits", "avg_bits"}
+_LEVEL_FIELDS = {"enabled", "bits", "avg_bits", "offload"}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -80,6 +81,10 @@ class GactConfig:
     """Which stock partitioner decides what is saved before gact compresses it:
     'min_cut' (Inductor's; recomputes cheap ops) or 'default' (saves everything used)."""
 
+    offload: bool = False
+    """Keep the compressed blobs in CPU memory between forward and backward (GACT's L3),
+    through torch's activation-offloading pass; on a CPU-only machine it changes nothing."""
+
     compress_inputs: bool = True
     """Also compress saved non-parameter graph inputs: the activations that cross a
     graph break into this graph."""
@@ -87,6 +92,7 @@ class GactConfig:
     def __post_init__(self) -> None:
         _check_type("enabled", self.enabled, bool)
         _check_type("compress_inputs", self.compress_inputs, bool)
+        _check_type("offload", self.offload, bool)
         for name in ("bits", "group_size", "min_numel", "adapt_interval", "probe_bits", "probe_tensors"):
             _check_type(name, getattr(self, name), int)
         fmt.check_bits(self.bits)

@@ -19,6 +19,7 @@ from ._compat import partitioners
 from .config import GactConfig
 from .passes.masks import hoist_comparisons
 from .passes.memory import saved_bytes_timeline
+from .passes.offload import offload_blobs
 from .passes.plan import BitsChooser, Compression, PlanOptions, assign_bits, plan_compression
 from .passes.rewrite import apply_plan
 from .passes.saved import find_saved
@@ -107,6 +108,8 @@ class GactPartitioner:
             from .passes.lower_aten import lower_to_aten  # imports Inductor's prims
 
             lower_to_aten(fw, bw, num_fwd_outputs)
+        if self.config.offload:
+            offload_blobs(fw, bw, num_fwd_outputs, static_indices)
         record.attach_code(before=code_before, after=(fw.code, bw.code))
         final = find_saved(fw, bw, num_fwd_outputs, static_indices)
         record.attach_views(

@@ -72,6 +72,15 @@ class SavedGraph:
         return tuple(v for v in self.values if v.kind is SavedKind.SYMINT)
 
 
+def _same_value(fw_node: fx.Node, bw_node: fx.Node) -> bool:
+    """The pairing is positional; names usually agree, but RNG functionalization renames
+    the saved RNG states (``rng_state_output_N``): then shape and dtype must agree."""
+    if fw_node.name == bw_node.name:
+        return True
+    a, b = fw_node.meta.get("val"), bw_node.meta.get("val")
+    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape
+
+
 def output_node(gm: fx.GraphModule) -> fx.Node:
     return gm.graph.find_nodes(op="output")[0]
 
@@ -80,7 +89,8 @@ def _is_sym(node) -> bool:
     return isinstance(node, fx.Node) and isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool, int))
 
 
-def _static_placeholders(fw: fx.GraphModule, static_indices: Sequence[int]) -> set[fx.Node]:
+def static_placeholders(fw: fx.GraphModule, static_indices: Sequence[int]) -> set[fx.Node]:
+    """The forward placeholders of static inputs (parameters, buffers)."""
     placeholders = fw.graph.find_nodes(op="placeholder")
     wanted = set(static_indices)
     static = set()
@@ -125,7 +135,7 @@ def find_saved(
     bw_placeholders = bw.graph.find_nodes(op="placeholder")
     bw_saved = bw_placeholders[num_symints : num_symints + num_tensors] + bw_placeholders[:num_symints]
     for fw_node, bw_node in zip(saved_nodes, bw_saved):
-        if not isinstance(fw_node, fx.Node) or fw_node.name != bw_node.name:
+        if not isinstance(fw_node, fx.Node) or not _same_value(fw_node, bw_node):
             raise RuntimeError(
                 f"gact: saved value {fw_node} does not match backward placeholder {bw_node.name}; "
                 "the AOTAutograd forward/backward contract is not the one gact was written for"
@@ -135,7 +145,7 @@ def find_saved(
     output_roots = {
         alias_path(n).root for n in real_outputs if isinstance(n.meta.get("val"), torch.Tensor)
     }
-    static = _static_placeholders(fw, static_input_indices)
+    static = static_placeholders(fw, static_input_indices)
     values = []
     for position, (fw_node, bw_node) in enumerate(zip(saved_nodes, bw_saved)):
         kind, path = _classify(fw_node, static, set(real_outputs), output_roots)

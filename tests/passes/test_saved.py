@@ -61,6 +61,14 @@ def test_saved_symints_come_last_in_forward_and_first_in_backward():
 
 def test_a_broken_pairing_is_an_error_not_a_wrong_gradient():
     fw, bw, num_out, static, _ = linear_relu_pair()
-    next(iter(bw.graph.nodes)).name = "renamed"
+    first, second = bw.graph.find_nodes(op="placeholder")[:2]
+    first.name, first.meta["val"] = "renamed", second.meta["val"]  # another name and another shape
     with pytest.raises(RuntimeError, match="does not match backward placeholder"):
         find_saved(fw, bw, num_out, static)
+
+
+def test_a_renamed_placeholder_of_the_same_value_still_pairs():
+    # RNG functionalization renames saved RNG states in the backward (rng_state_output_N).
+    fw, bw, num_out, static, _ = linear_relu_pair()
+    bw.graph.find_nodes(op="placeholder")[0].name = "rng_state_output_0"
+    assert [v.bw_placeholder.name for v in find_saved(fw, bw, num_out, static).values][0] == "rng_state_output_0"
