@@ -16,10 +16,10 @@ import logging
 import time
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 import gact_fx
+from gact_fx.bench.tasks import CNN1d, load_mnist1d  # the model and data the benchmarks train too
 from gact_fx.measure import saved_activation_bytes
 
 METHODS = {
@@ -28,34 +28,6 @@ METHODS = {
     "gact-4bit": dict(bits=4),
     "gact-2bit": dict(bits=2),
 }
-
-
-class CNN1d(nn.Module):
-    def __init__(self, channels: int = 64):
-        super().__init__()
-        self.conv1 = nn.Conv1d(1, channels, 5, padding=2)
-        self.conv2 = nn.Conv1d(channels, channels, 3, padding=1)
-        self.conv3 = nn.Conv1d(channels, channels, 3, padding=1)
-        self.head = nn.Linear(channels * 40, 10)
-
-    def forward(self, x):
-        x = F.relu(self.conv1(x.unsqueeze(1)))
-        x = F.relu(self.conv2(x))
-        x = F.relu(self.conv3(x))
-        return self.head(x.flatten(1))
-
-
-def load_mnist1d(seed: int = 0):
-    from mnist1d.data import get_dataset_args, make_dataset
-
-    args = get_dataset_args()
-    args.seed = seed
-    data = make_dataset(args)
-    as_tensor = lambda key, dtype: torch.as_tensor(data[key], dtype=dtype)  # noqa: E731
-    return (
-        as_tensor("x", torch.float32), as_tensor("y", torch.long),
-        as_tensor("x_test", torch.float32), as_tensor("y_test", torch.long),
-    )
 
 
 def train(method: str, data, *, epochs: int, batch_size: int, seed: int = 0) -> dict:

@@ -143,9 +143,10 @@ def test_inductor_path(bits):
         assert 0 < relative_error(got, expected) < 2e-2
 
 
-def test_inductor_dynamic_shapes_compile_once():
+@pytest.mark.parametrize("options", [dict(compiler="inductor"), dict(lowering="aten")], ids=["inductor", "aten-lowering"])
+def test_dynamic_shapes_compile_once(options):
     model = MLP()
-    backend = gact_fx.backend(bits=8, compiler="inductor")
+    backend = gact_fx.backend(bits=8, **options)
     compiled = torch.compile(model, backend=backend, dynamic=True, fullgraph=True)
     counters.clear()
     for batch in (4, 7, 12):
@@ -238,14 +239,6 @@ def test_the_aten_lowering_through_inductor(name):
     assert 0 < relative_error(got, expected) < 2e-2
 
 
-def test_the_aten_lowering_with_dynamic_shapes():
-    model = MLP()
-    backend = gact_fx.backend(bits=8, lowering="aten")
-    compiled = torch.compile(model, backend=backend, dynamic=True, fullgraph=True)
-    counters.clear()
-    for batch in (4, 7, 12):
-        projection_loss(compiled(torch.randn(batch, 64))).backward()
-    assert len(backend.records) == 1 and counters["stats"]["unique_graphs"] == 1
 
 
 def test_the_aten_lowering_refuses_what_it_cannot_do():

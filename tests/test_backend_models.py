@@ -21,7 +21,7 @@ def gact_backend(bits, compiler="eager"):
 
 def compressed(backend) -> int:
     (record,) = backend.records  # one graph: no silent graph break, no fallback
-    return record.plan.compressions.__len__()
+    return len(record.plan.compressions)
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -48,20 +48,16 @@ def load_mnist1d(seed: int = 0):
     return floats("x"), labels("y"), floats("x_test"), labels("y_test")
 
 
-class Mnist1dTask:
-    name = "mnist1d-cnn"
+class _TensorClassification:
+    """Shared by the tasks whose data are in-memory (x, y) train and test tensors."""
+
     metric = "test accuracy"
     higher_is_better = True
-
-    def __init__(self, batch_size: int = 100, seed: int = 0):
-        self.batch_size = batch_size
-        self.x_train, self.y_train, self.x_test, self.y_test = load_mnist1d(seed)
-
-    def model(self) -> nn.Module:
-        return CNN1d()
-
-    def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
-        return torch.optim.Adam(model.parameters(), lr=2e-3)
+    batch_size: int
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
 
     def batch(self, step: int, generator: torch.Generator):
         index = torch.randint(0, len(self.x_train), (self.batch_size,), generator=generator)
@@ -73,6 +69,20 @@ class Mnist1dTask:
     @torch.no_grad()
     def evaluate(self, model) -> float:
         return (model(self.x_test).argmax(1) == self.y_test).float().mean().item()
+
+
+class Mnist1dTask(_TensorClassification):
+    name = "mnist1d-cnn"
+
+    def __init__(self, batch_size: int = 100, seed: int = 0):
+        self.batch_size = batch_size
+        self.x_train, self.y_train, self.x_test, self.y_test = load_mnist1d(seed)
+
+    def model(self) -> nn.Module:
+        return CNN1d()
+
+    def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.Adam(model.parameters(), lr=2e-3)
 
 
 class Block(nn.Module):
@@ -161,12 +171,10 @@ class CharLMTask:
         return sum(losses) / len(losses)
 
 
-class DigitsTask:
+class DigitsTask(_TensorClassification):
     """sklearn's bundled 8x8 digits, an MLP."""
 
     name = "digits-mlp"
-    metric = "test accuracy"
-    higher_is_better = True
 
     def __init__(self, batch_size: int = 64, seed: int = 0):
         from sklearn.datasets import load_digits
@@ -185,17 +193,6 @@ class DigitsTask:
 
     def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         return torch.optim.Adam(model.parameters(), lr=1e-3)
-
-    def batch(self, step: int, generator: torch.Generator):
-        index = torch.randint(0, len(self.x_train), (self.batch_size,), generator=generator)
-        return (self.x_train[index],), self.y_train[index]
-
-    def loss(self, output, target) -> torch.Tensor:
-        return F.cross_entropy(output, target)
-
-    @torch.no_grad()
-    def evaluate(self, model) -> float:
-        return (model(self.x_test).argmax(1) == self.y_test).float().mean().item()
 
 
 class KarateTask:
