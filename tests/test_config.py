@@ -1,3 +1,5 @@
+"""GactConfig validation: defaults, and every bad option as a clear error at compile time."""
+
 import pytest
 import torch
 

@@ -1,3 +1,5 @@
+"""Importing gact_fx stays cheap: no CUDA initialisation, no Triton, no Dynamo."""
+
 import subprocess
 import sys
 

@@ -1,3 +1,5 @@
+"""The bit-allocation solvers against the variance model and a brute-force optimum."""
+
 import math
 import random
 

@@ -1,3 +1,5 @@
+"""Hoisting tangent-free comparisons (ReLU masks and recomputed cones) into the forward."""
+
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 

@@ -1,3 +1,5 @@
+"""The compression plan on hand-made graphs: what is compressed, skipped, aliased, and its bytes."""
+
 import itertools
 
 import torch

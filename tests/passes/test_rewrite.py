@@ -1,3 +1,5 @@
+"""The rewrite on hand-made forward/backward pairs: placement of quantize/dequantize and the gradients it gives."""
+
 import itertools
 
 import pytest

@@ -1,3 +1,5 @@
+"""Finding and classifying the saved values of a partitioned forward/backward pair."""
+
 import pytest
 import torch
 

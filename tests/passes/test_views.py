@@ -1,3 +1,5 @@
+"""Recognising views from op schemas and walking alias chains back to their storage root."""
+
 import operator
 
 import torch

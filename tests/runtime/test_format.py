@@ -1,3 +1,5 @@
+"""The packed blob layout: sizes, bit-width tags, rejected widths and group sizes."""
+
 import pytest
 
 from gact_fx.runtime import format as fmt

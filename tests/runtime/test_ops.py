@@ -1,3 +1,5 @@
+"""The gact:: custom ops: opcheck, layouts and strides, seeds, run-time bit widths."""
+
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx

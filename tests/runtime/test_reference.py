@@ -1,3 +1,5 @@
+"""The torch reference codec: packing, exactness at 32 bits and for masks, error bounds, unbiasedness, non-finite groups."""
+
 import pytest
 import torch
 
