@@ -73,6 +73,8 @@ class _GatedCall:
         if not (self.model.training and torch.is_grad_enabled()):
             return self.plain(*args, **kwargs)
         if self.handle.mode == "hooks":
+            if self.handle.hooks is None:  # compression off (level L0): nothing to hook
+                return self.plain(*args, **kwargs)
             with self.handle.hooks.active():
                 return self.plain(*args, **kwargs)
         if self.handle.mode == "compiled":
@@ -93,23 +95,33 @@ class _GatedCall:
             )
         if handle.backend.records:
             handle.mode = "compiled"
+        elif handle.fallback == "hooks":
+            self._fall_back_to_hooks()
+        else:
+            raise self._nothing_compiled_error()
+
+    def _fall_back_to_hooks(self) -> None:
+        handle, config = self.handle, self.handle.config
+        handle.mode = "hooks"
+        if not config.enabled:
+            log.warning("gact: torch.compile captured no training graph of %s; compression is off, so it "
+                        "runs the plain forward (fallback='hooks')", handle._model_name)
             return
-        if handle.fallback == "hooks":
-            config = handle.config
-            handle.hooks = HookCompressor(self.model, bits=config.initial_bits, group_size=config.group_size, min_numel=config.min_numel)
-            handle.mode = "hooks"
-            log.warning(
-                "gact: torch.compile captured no training graph of %s, so this step ran uncompressed; "
-                "from the next step activations are compressed through saved-tensor hooks at %d bits "
-                "(fallback='hooks')", handle._model_name, config.initial_bits,
-            )
-            return
+        handle.hooks = HookCompressor(self.model, bits=config.initial_bits, group_size=config.group_size, min_numel=config.min_numel)
+        log.warning(
+            "gact: torch.compile captured no training graph of %s, so this step ran uncompressed; "
+            "from the next step activations are compressed through saved-tensor hooks at %d bits "
+            "(fallback='hooks')%s", handle._model_name, config.initial_bits,
+            "; adaptive bits need the compiled path, so every tensor gets the same width" if config.adaptive else "",
+        )
+
+    def _nothing_compiled_error(self) -> GactCompileError:
         hint = ""
         if _compat.inside_ddp_forward():
             hint = (" Under DistributedDataParallel, torch 2.13 compiles no module compiled in place (neither "
                     "compress() nor nn.Module.compile()): use DDP(torch.compile(model, backend=gact_fx.backend(...))).")
-        raise GactCompileError(
-            f"torch.compile captured no training graph of {handle._model_name}, so nothing would be "
+        return GactCompileError(
+            f"torch.compile captured no training graph of {self.handle._model_name}, so nothing would be "
             "compressed. Make the forward traceable, or pass fallback='hooks' to compress through "
             "saved-tensor hooks instead." + hint
         )

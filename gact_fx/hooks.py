@@ -12,10 +12,12 @@ at low bits prefer the compiled path.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from dataclasses import dataclass
 
 import torch
 
+from .measure import note_saved
 from .runtime import ops as _ops  # noqa: F401  (registers torch.ops.gact)
 from .runtime.reference import FLOAT_DTYPES
 from .runtime.slots import allocate_slot
@@ -30,13 +32,12 @@ class _Packed:
 
 
 class HookCompressor:
-    """Packs saved tensors of a model's forward at ``bits`` (``with compressor: loss = model(x)``)."""
+    """Packs saved tensors of a model's forward at ``bits`` (``with compressor.active(): loss = model(x)``)."""
 
     def __init__(self, model: torch.nn.Module, *, bits: int, group_size: int, min_numel: int) -> None:
         self.bits, self.group_size, self.min_numel = bits, group_size, min_numel
         self._model = model
         self._slot = allocate_slot()
-        self.packed_tensors = 0
 
     def _keep(self, tensor: torch.Tensor, parameters: set[int]) -> bool:
         if tensor.dtype != torch.bool and tensor.dtype not in FLOAT_DTYPES:
@@ -45,13 +46,23 @@ class HookCompressor:
             return True
         return tensor.untyped_storage().data_ptr() in parameters
 
-    def _pack(self, tensor: torch.Tensor, parameters: set[int]):
+    def _pack(self, tensor: torch.Tensor, parameters: set[int], packed: dict):
         if self._keep(tensor, parameters):
+            note_saved(tensor)
             return tensor
-        perm = tuple(sorted(range(tensor.dim()), key=lambda d: (-tensor.stride(d), d)))
-        blob = torch.ops.gact.quantize(tensor.detach(), self.bits, self.group_size, list(perm), self._slot)
-        self.packed_tensors += 1
-        return _Packed(blob, tuple(tensor.shape), tensor.dtype, perm)
+        # The same tensor saved by two ops (tanh's output for tanh and for the next
+        # matmul) is packed once; the version counter tells an in-place change apart.
+        # An entry lives only as long as its tensor, so a later tensor that reuses the
+        # freed memory never matches it.
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
+               tuple(tensor.stride()), tensor.dtype, tensor._version)
+        if key not in packed:
+            perm = tuple(sorted(range(tensor.dim()), key=lambda d: (-tensor.stride(d), d)))
+            blob = torch.ops.gact.quantize(tensor.detach(), self.bits, self.group_size, list(perm), self._slot)
+            note_saved(blob)
+            packed[key] = _Packed(blob, tuple(tensor.shape), tensor.dtype, perm)
+            weakref.finalize(tensor, packed.pop, key, None)
+        return packed[key]
 
     def _unpack(self, packed):
         if not isinstance(packed, _Packed):
@@ -64,5 +75,6 @@ class HookCompressor:
     def active(self):
         parameters = {p.untyped_storage().data_ptr() for p in self._model.parameters()}
         parameters |= {b.untyped_storage().data_ptr() for b in self._model.buffers()}
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: self._pack(t, parameters), self._unpack):
+        packed: dict = {}
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: self._pack(t, parameters, packed), self._unpack):
             yield self

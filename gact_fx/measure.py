@@ -6,6 +6,9 @@ tensors through the same mechanism), leaving out the storages of given tensors
 (parameters and buffers, which are saved by reference and cost nothing extra) and,
 in ``saved_activation_bytes``, of the model's outputs, which the caller holds anyway.
 These are the same rules the report's totals follow.
+
+Saved-tensor hooks do not nest (only the innermost pair runs), so code that installs
+its own, like gact's hook fallback, reports what it keeps through ``note_saved``.
 """
 
 from __future__ import annotations
@@ -15,6 +18,14 @@ from collections.abc import Iterable
 import torch
 
 from ._compat import tree_leaves
+
+_active_meters: list[SavedBytesMeter] = []
+
+
+def note_saved(tensor: torch.Tensor) -> None:
+    """Count ``tensor`` in every active meter: for saved-tensor hooks that hide the meter's."""
+    for meter in _active_meters:
+        meter._pack(tensor)
 
 
 class SavedBytesMeter:
@@ -34,9 +45,11 @@ class SavedBytesMeter:
 
     def __enter__(self) -> SavedBytesMeter:
         self._hooks.__enter__()
+        _active_meters.append(self)
         return self
 
     def __exit__(self, *exc) -> None:
+        _active_meters.remove(self)
         self._hooks.__exit__(*exc)
 
     def exclude(self, tensors: Iterable[torch.Tensor]) -> None:
@@ -49,10 +62,6 @@ class SavedBytesMeter:
     @property
     def nbytes(self) -> int:
         return sum(self._storages.values())
-
-    @property
-    def num_storages(self) -> int:
-        return len(self._storages)
 
 
 def saved_activation_bytes(model: torch.nn.Module, *inputs, **kwargs) -> int:
