@@ -14,25 +14,34 @@ once per tensor with only it quantized at ``probe_bits`` bits. Each difference g
 2 C_l S(b)`` for two seeds is twice the same thing). The step's own backward then uses
 the exact copies, so a probe step trains uncompressed for those tensors. Probing runs on
 every step until each tensor has been measured once, then every ``adapt_interval``
-forward calls; after each, the bits are re-solved (``allocation.solve``) under the
-average-bits budget, which holds per compiled graph.
+forward calls of the graph (a block compiled once and called N times per step counts
+N); after each, the bits are re-solved (``allocation.solve``) under the average-bits
+budget, which holds per compiled graph. One probe per graph is in flight at a time: a
+graph called again before its probe's backward has run simply runs compressed, and a
+probe whose backward never comes expires after ``PROBE_EXPIRY_CALLS`` further calls.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
+import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
+from . import _compat
 from .allocation import AllocationProblem, quantization_variance, solve
 from .runtime.seeds import DEFAULT_SEEDS
 from .runtime.table import EXACT, TABLE, Requantize
 
 log = logging.getLogger("gact_fx")
+
+MAX_FAILED_PROBES = 3  # probes that found no gradient before a graph stops trying
+PROBE_EXPIRY_CALLS = 1024  # further calls of a graph after which an unanswered probe is dropped
 
 
 @dataclass
@@ -46,6 +55,14 @@ class TrackedTensor:
 
 
 @dataclass
+class _Probe:
+    slots: frozenset[int]
+    started_at_call: int
+    outputs: list[torch.Tensor]  # what the probe differentiates, from and with respect to
+    wrt: list[torch.Tensor]
+
+
+@dataclass
 class Region:
     """The run-time-bits tensors of one compiled graph, and its probe schedule."""
 
@@ -53,8 +70,11 @@ class Region:
     tensors: list[TrackedTensor]
     calls: int = 0
     next_probe: int = 0  # rotation pointer into ``tensors``
+    probe_at_call: int = 1  # once fully measured, the call that probes next
     adaptations: int = 0
-    parameter_ids: frozenset[int] = frozenset()
+    failed_probes: int = 0
+    backward_type_known: bool = False
+    in_flight: _Probe | None = None  # the probe whose backward has not run yet
 
     @property
     def fully_measured(self) -> bool:
@@ -74,6 +94,7 @@ class GactController:
         self.settings = settings
         self.regions: dict[int, Region] = {}
         self._pending_state: dict | None = None
+        self._measuring = False
 
     # -- registration --------------------------------------------------------------------
 
@@ -93,8 +114,12 @@ class GactController:
         def forward(*args):
             region.calls += 1
             if not (torch.is_grad_enabled() and self._probe_due(region)):
-                return compiled_forward(*args)
-            return self._probe_step(region, compiled_forward, args)
+                outputs = compiled_forward(*args)
+            else:
+                outputs = self._probe_step(region, compiled_forward, args)
+            if not region.backward_type_known and torch.is_grad_enabled():
+                region.backward_type_known = _note_backward_type(outputs)
+            return outputs
 
         return forward
 
@@ -121,11 +146,16 @@ class GactController:
     # -- probing -------------------------------------------------------------------------
 
     def _probe_due(self, region: Region) -> bool:
-        if not region.tensors:
+        probe = region.in_flight
+        if probe is not None and region.calls - probe.started_at_call > PROBE_EXPIRY_CALLS:
+            # Its backward never ran (a forward under grad whose result was dropped).
+            log.info("gact: graph %d's probe from call %d expired without a backward", region.index, probe.started_at_call)
+            self._end_probe(region, probe)
+        if not region.tensors or region.in_flight is not None:
             return False
         if not region.fully_measured:
-            return True
-        return (region.calls - 1) % self.settings.adapt_interval == 0
+            return region.failed_probes < MAX_FAILED_PROBES
+        return region.calls >= region.probe_at_call
 
     def _probe_targets(self, region: Region) -> list[TrackedTensor]:
         unmeasured = [t for t in region.tensors if t.sensitivity is None]
@@ -150,41 +180,78 @@ class GactController:
         differentiable = [o for o in flat_outputs if isinstance(o, torch.Tensor) and o.requires_grad]
         if not differentiable or not wrt:
             TABLE.release(slots)
+            self._probe_failed(region)
             return outputs
+        probe = _Probe(slots, region.calls, differentiable, wrt)
+        region.in_flight = probe
+        if region.fully_measured:
+            region.probe_at_call = region.calls + self.settings.adapt_interval
 
         def on_output_gradients(gradients):
+            if self._measuring or region.in_flight is not probe:
+                return  # inside another graph's probe (this one measures in the real backward), or expired
             try:
-                self._measure(region, targets, differentiable, gradients, wrt)
+                measured = self._measure(region, targets, probe.outputs, gradients, probe.wrt)
             except Exception:
-                TABLE.release(slots)
+                self._end_probe(region, probe)
                 raise
-            _after_backward_of(differentiable, lambda: TABLE.release(slots))
+            if not measured:
+                self._probe_failed(region)
+            _after_backward_of(probe.outputs, lambda: self._end_probe(region, probe))
 
         torch.autograd.graph.register_multi_grad_hook(differentiable, on_output_gradients, mode="all")
         return outputs
 
-    def _measure(self, region, targets, outputs, gradients, wrt) -> None:
+    @staticmethod
+    def _end_probe(region: Region, probe: _Probe) -> None:
+        if region.in_flight is probe:
+            TABLE.release(probe.slots)
+            region.in_flight = None
+        # The hook holds the probe and autograd holds the hook: without the tensors, that
+        # cycle no longer keeps the outputs and their graph alive.
+        probe.outputs, probe.wrt = [], []
+
+    def _probe_failed(self, region: Region) -> None:
+        region.failed_probes += 1
+        if region.failed_probes == MAX_FAILED_PROBES and not region.fully_measured:
+            log.warning(
+                "gact: graph %d's probe found no gradient to measure %d times (its outputs get no "
+                "gradient, or it has no trainable inputs); its tensors keep %s bits",
+                region.index, MAX_FAILED_PROBES, sorted({t.bits for t in region.tensors}),
+            )
+
+    def _measure(self, region, targets, outputs, gradients, wrt) -> bool:
+        """Measure the targets' sensitivities; False when no output received a gradient."""
         used = [(o, g) for o, g in zip(outputs, gradients) if g is not None]
-        if not used:
-            return
+        if not used or any(t.slot not in TABLE.stash for t in targets):
+            return False
         outs, grads = [o for o, _ in used], [g for _, g in used]
 
         def gradient() -> torch.Tensor:
-            with torch.enable_grad():
+            with torch.enable_grad(), _retain_allowed(outs):
                 result = torch.autograd.grad(outs, wrt, grads, retain_graph=True, allow_unused=True)
-            return torch.cat([r.detach().flatten().float() for r in result if r is not None])
+            # No parameter depends on the tensors: their sensitivity is rightly zero.
+            parts = [r.detach().flatten().float() for r in result if r is not None]
+            return torch.cat(parts) if parts else torch.zeros(0)
 
         scale = quantization_variance(self.settings.probe_bits)
         for target in targets:
             TABLE.decode[target.slot] = EXACT
-        exact = gradient()
-        for target in targets:
-            TABLE.decode[target.slot] = Requantize(self.settings.probe_bits, DEFAULT_SEEDS.next_seed(target.slot))
-            squared = float(((gradient() - exact) ** 2).sum())
-            TABLE.decode[target.slot] = EXACT  # the step's own backward then uses exact values
-            target.sensitivity = squared / scale if math.isfinite(squared) else math.inf
+        self._measuring = True
+        try:
+            exact = gradient()
+            for target in targets:
+                TABLE.decode[target.slot] = Requantize(self.settings.probe_bits, DEFAULT_SEEDS.next_seed(target.slot))
+                squared = float(((gradient() - exact) ** 2).sum())
+                TABLE.decode[target.slot] = EXACT  # the step's own backward then uses exact values
+                target.sensitivity = squared / scale if math.isfinite(squared) else math.inf
+        finally:
+            self._measuring = False
         if region.fully_measured:
+            if region.adaptations == 0:
+                region.probe_at_call = region.calls + self.settings.adapt_interval
             self._allocate(region)
+        return True
 
     def _allocate(self, region: Region) -> None:
         adaptive = region.tensors
@@ -215,6 +282,7 @@ class GactController:
                 region.index: {
                     "calls": region.calls,
                     "next_probe": region.next_probe,
+                    "probe_at_call": region.probe_at_call,
                     "adaptations": region.adaptations,
                     "tensors": {t.name: {"bits": t.bits, "sensitivity": t.sensitivity} for t in region.tensors},
                 }
@@ -242,6 +310,7 @@ class GactController:
                 TABLE.bits[tensor.slot] = tensor.bits
         region.calls = saved["calls"]
         region.next_probe = saved["next_probe"]
+        region.probe_at_call = saved.get("probe_at_call", region.calls + 1)
         region.adaptations = saved["adaptations"]
 
 
@@ -252,14 +321,63 @@ def _gradient_targets(args) -> list[torch.Tensor]:
     return parameters or needing
 
 
-def _after_backward_of(outputs: list[torch.Tensor], callback: Callable[[], None]) -> None:
-    """Run ``callback`` once the autograd node that produced ``outputs`` has run backward."""
+# The backward node types of graphs compiled for adaptive bits, which were compiled
+# without donated buffers and so may run backward twice.
+_ADAPTIVE_BACKWARD_TYPES: weakref.WeakSet[type] = weakref.WeakSet()
+
+
+def _is_compiled(node) -> bool:
+    return "CompiledFunction" in node.name()
+
+
+def _compiled_node_of(outputs: list[torch.Tensor]):
+    """The AOTAutograd node that produced ``outputs`` (through view nodes), or None."""
     node = outputs[0].grad_fn
     seen = set()
-    while node is not None and "CompiledFunction" not in node.name() and node not in seen:
+    while node is not None and not _is_compiled(node) and node not in seen:
         seen.add(node)
         parents = [n for n, _ in node.next_functions if n is not None]
         node = parents[0] if len(parents) == 1 else None
+    return node
+
+
+def _note_backward_type(outputs) -> bool:
+    flat = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+    differentiable = [o for o in flat if isinstance(o, torch.Tensor) and o.grad_fn is not None]
+    node = _compiled_node_of(differentiable) if differentiable else None
+    if node is not None:
+        _ADAPTIVE_BACKWARD_TYPES.add(type(node))
+    return node is not None
+
+
+@contextlib.contextmanager
+def _retain_allowed(outputs: list[torch.Tensor]):
+    """Let the probe re-run a backward that AOTAutograd first ran without retain_graph.
+
+    AOTAutograd refuses (``bw_donated_idxs`` is None rather than [] when a graph was
+    compiled without donated buffers). Its check is lifted only when every compiled graph
+    the probe's backward reaches was compiled by gact for adaptive bits; a graph compiled
+    otherwise may have donated its buffers, and then the check must stand.
+    """
+    compiled, stack, seen = [], [o.grad_fn for o in outputs if o.grad_fn is not None], set()
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if _is_compiled(node):
+            compiled.append(type(node))
+        stack.extend(n for n, _ in node.next_functions if n is not None)
+    if all(kind in _ADAPTIVE_BACKWARD_TYPES for kind in compiled):
+        with _compat.functorch_config().patch(donated_buffer=False):
+            yield
+    else:
+        yield
+
+
+def _after_backward_of(outputs: list[torch.Tensor], callback: Callable[[], None]) -> None:
+    """Run ``callback`` once the autograd node that produced ``outputs`` has run backward."""
+    node = _compiled_node_of(outputs)
     if node is None:
         callback()  # nothing found to wait for: release now rather than leak
         return

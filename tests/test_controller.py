@@ -1,6 +1,9 @@
 """Adaptive bits: the probe, the allocation, levels, overrides and checkpointing."""
 
+import gc
 import itertools
+import sys
+import weakref
 import logging
 
 import pytest
@@ -12,7 +15,7 @@ from gact_fx.allocation import quantization_variance
 from gact_fx.config import GactConfig
 from gact_fx.runtime.table import RUNTIME_BITS, TABLE
 
-from .helpers import compiled_grads, model_case, projection_loss
+from .helpers import compiled_grads, flat_grad, model_case, projection_loss
 
 
 def train_steps(model, inputs, backend, steps):
@@ -124,6 +127,7 @@ def test_adaptive_on_the_inductor_path():
     train_steps(model, inputs, backend, 4)
     (region,) = backend.controller.regions.values()
     assert region.adaptations == 2 and counters["stats"]["unique_graphs"] == 1
+    assert all(t.sensitivity > 0 for t in region.tensors)  # the probe saw its own blobs
     assert backend.controller.average_bits() <= 2.0 + 1e-9
 
 
@@ -150,3 +154,47 @@ def test_the_controller_is_reachable_from_the_model():
     other = torch.nn.Linear(3, 3)
     with pytest.raises(LookupError, match="no gact backend has compiled"):
         gact_fx.controller(other)
+
+
+@pytest.mark.parametrize("compiler", ["eager", "inductor"])
+def test_a_block_compiled_once_and_called_three_times_per_step(compiler):
+    # Regional compilation: one compiled graph runs three times before its backward, so
+    # probes overlap; one is in flight at a time, and every step's gradient stays right.
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64))
+    inputs = torch.randn(256, 64, requires_grad=True)  # as inside a model: one compiled graph
+    backend = gact_fx.backend(avg_bits=4, adapt_interval=2, probe_tensors=1, compiler=compiler)
+    compiled = torch.compile(block, backend=backend, fullgraph=True)
+
+    def gradient(run):
+        block.zero_grad(set_to_none=True)
+        projection_loss(run(run(run(inputs)))).backward()
+        return flat_grad(block)
+
+    expected = gradient(block)
+    for _ in range(6):
+        got = gradient(compiled)
+        assert float((got - expected).norm() / expected.norm()) < 0.1
+    (region,) = backend.controller.regions.values()
+    assert region.adaptations >= 2 and region.in_flight is None
+    assert all(t.sensitivity > 0 for t in region.tensors)
+    assert TABLE.stash == {} and not any(t.slot in TABLE.decode for t in region.tensors)
+
+
+def test_a_probe_whose_backward_never_comes_expires(monkeypatch):
+    monkeypatch.setattr(sys.modules["gact_fx.controller"], "PROBE_EXPIRY_CALLS", 3)
+    model, inputs = model_case("mlp")
+    backend = gact_fx.backend(avg_bits=2, probe_tensors=1)
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    dropped = weakref.ref(compiled(*inputs))  # a probe step whose backward never runs
+    (region,) = backend.controller.regions.values()
+    assert region.in_flight is not None and dropped() is not None
+    for _ in range(3):
+        compiled(*inputs).sum()  # later forwards do not probe while it is in flight...
+    assert region.calls == 4 and not region.fully_measured
+    model.zero_grad(set_to_none=True)
+    projection_loss(compiled(*inputs)).backward()  # ...until it expires
+    gc.collect()
+    assert dropped() is None  # its outputs and graph were let go
+    assert region.in_flight is None and TABLE.stash == {}
+    assert sum(t.sensitivity is not None for t in region.tensors) == 1

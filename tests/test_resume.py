@@ -24,7 +24,7 @@ def fresh(options):
 def test_a_resumed_run_keeps_its_bits_and_schedule(tmp_path):
     options = dict(level="L2.2", adapt_interval=4, probe_tensors=3)
     model, optimizer, x = fresh(options)
-    train(model, optimizer, x, 6)
+    train(model, optimizer, x, 8)
     controller = model.gact.controller
     (region,) = controller.regions.values()
     assert region.adaptations >= 2 and len(set(controller.bits().values())) > 1

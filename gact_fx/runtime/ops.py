@@ -64,11 +64,13 @@ def quantize(
     x: torch.Tensor, bits: int, group_size: int, perm: Sequence[int], slot: int
 ) -> torch.Tensor:
     flat = x.permute(list(perm)).reshape(-1)
-    if slot in TABLE.stash_slots:
-        TABLE.stash[slot] = flat.clone()  # a copy: the compiler may reuse x's buffer
     if bits == RUNTIME_BITS:
         bits = TABLE.bits_for(slot)
-    return encode(flat, bits, group_size, DEFAULT_SEEDS.next_seed(slot))
+    blob = encode(flat, bits, group_size, DEFAULT_SEEDS.next_seed(slot))
+    if slot in TABLE.stash_slots:
+        TABLE.stash[slot] = flat.clone()  # a copy: the compiler may reuse x's buffer
+        TABLE.stash_owner[slot] = blob.data_ptr()
+    return blob
 
 
 @quantize.register_fake
@@ -93,7 +95,8 @@ def dequantize(
     perm: Sequence[int],
     slot: int,
 ) -> torch.Tensor:
-    override = TABLE.decode.get(slot)
+    # Only the probed call's blob is overridden: a graph called twice per step shares slots.
+    override = TABLE.decode.get(slot) if TABLE.stash_owner.get(slot) == blob.data_ptr() else None
     if override is None:
         flat = decode(blob, math.prod(shape), dtype, group_size)
     elif override is EXACT:

@@ -4,9 +4,10 @@
   in ``gact::quantize``); the controller rewrites it after every adaptation, and the
   next quantize call uses it. No recompile: the blob's size is data-dependent.
 * ``stash_slots`` / ``stash``: on a probe step, ``quantize`` also keeps an exact copy of
-  the listed slots' inputs.
+  the listed slots' inputs and notes which blob each belongs to (``stash_owner``, a
+  data pointer).
 * ``decode``: while the probe (and then the probe step's own backward) runs,
-  ``dequantize`` of a listed slot ignores the blob and returns the stashed values,
+  ``dequantize`` of a listed slot's stashed blob returns the stashed values instead,
   exactly (``EXACT``) or re-quantized at a given width and seed (``Requantize``).
 
 One process-wide table; slots are unique per process (``runtime.slots``).
@@ -40,6 +41,7 @@ class SlotTable:
     bits: dict[int, int] = field(default_factory=dict)
     stash_slots: frozenset[int] = frozenset()
     stash: dict[int, torch.Tensor] = field(default_factory=dict)
+    stash_owner: dict[int, int] = field(default_factory=dict)
     decode: dict[int, object] = field(default_factory=dict)  # slot -> EXACT | Requantize
 
     def bits_for(self, slot: int) -> int:
@@ -52,6 +54,7 @@ class SlotTable:
         """Forget the stash and decode overrides of ``slots`` (end of a probe step)."""
         for slot in slots:
             self.stash.pop(slot, None)
+            self.stash_owner.pop(slot, None)
             self.decode.pop(slot, None)
 
 
