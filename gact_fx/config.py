@@ -168,6 +168,20 @@ class GactConfig:
     def replace(self, **changes: Any) -> GactConfig:
         return dataclasses.replace(self, **changes)
 
+    def updated(self, options: Mapping[str, Any]) -> GactConfig:
+        """This config with ``options`` (as ``from_options`` takes them) on top.
+
+        A ``level`` replaces all the fields a level sets; ``bits`` on an adaptive config
+        makes it uniform.
+        """
+        given = GactConfig.from_options(options)  # validates names, values and clashes
+        names = set(options) - {"level"}
+        if "level" in options:
+            names |= _LEVEL_FIELDS
+        if "bits" in options:
+            names.add("avg_bits")
+        return self.replace(**{name: getattr(given, name) for name in names})
+
     def as_dict(self) -> dict[str, Any]:
         return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
 

@@ -18,7 +18,7 @@ forward calls of the graph (a block compiled once and called N times per step co
 N); after each, the bits are re-solved (``allocation.solve``) under the average-bits
 budget, which holds per compiled graph. One probe per graph is in flight at a time: a
 graph called again before its probe's backward has run simply runs compressed, and a
-probe whose backward never comes expires after ``PROBE_EXPIRY_CALLS`` further calls.
+probe whose outputs are dropped without a backward ends when autograd frees its graph.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+from torch.autograd.graph import GradientEdge
 
 from . import _compat
 from .allocation import AllocationProblem, quantization_variance, solve
@@ -41,7 +42,6 @@ from .runtime.table import EXACT, TABLE, Requantize
 log = logging.getLogger("gact_fx")
 
 MAX_FAILED_PROBES = 3  # probes that found no gradient before a graph stops trying
-PROBE_EXPIRY_CALLS = 1024  # further calls of a graph after which an unanswered probe is dropped
 
 
 @dataclass
@@ -57,9 +57,12 @@ class TrackedTensor:
 @dataclass
 class _Probe:
     slots: frozenset[int]
-    started_at_call: int
-    outputs: list[torch.Tensor]  # what the probe differentiates, from and with respect to
-    wrt: list[torch.Tensor]
+    wrt: list[torch.Tensor]  # what the probe differentiates with respect to
+    measured: bool = False
+
+
+class _Sentinel:
+    """An object whose death tells that a probe's hooks, and so its graph, were freed."""
 
 
 @dataclass
@@ -146,11 +149,6 @@ class GactController:
     # -- probing -------------------------------------------------------------------------
 
     def _probe_due(self, region: Region) -> bool:
-        probe = region.in_flight
-        if probe is not None and region.calls - probe.started_at_call > PROBE_EXPIRY_CALLS:
-            # Its backward never ran (a forward under grad whose result was dropped).
-            log.info("gact: graph %d's probe from call %d expired without a backward", region.index, probe.started_at_call)
-            self._end_probe(region, probe)
         if not region.tensors or region.in_flight is not None:
             return False
         if not region.fully_measured:
@@ -178,38 +176,57 @@ class GactController:
             TABLE.stash_slots = frozenset()
         flat_outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
         differentiable = [o for o in flat_outputs if isinstance(o, torch.Tensor) and o.requires_grad]
-        if not differentiable or not wrt:
+        node = _compiled_node_of(differentiable) if differentiable and wrt else None
+        if node is None:
             TABLE.release(slots)
             self._probe_failed(region)
             return outputs
-        probe = _Probe(slots, region.calls, differentiable, wrt)
+        probe = _Probe(slots, wrt)
         region.in_flight = probe
         if region.fully_measured:
             region.probe_at_call = region.calls + self.settings.adapt_interval
+        self._hook_probe(region, probe, targets, node)
+        return outputs
 
-        def on_output_gradients(gradients):
-            if self._measuring or region.in_flight is not probe:
-                return  # inside another graph's probe (this one measures in the real backward), or expired
+    def _hook_probe(self, region: Region, probe: _Probe, targets: list[TrackedTensor], node) -> None:
+        """Measure when the backward reaches the graph's autograd node; end after it ran.
+
+        The hooks hold no tensor of the graph and only a weak reference to the node: if
+        the outputs are dropped without a backward, the graph is freed, the hooks with it,
+        and the probe ends then (``weakref.finalize`` on an object only the hook holds).
+        """
+        node_ref = weakref.ref(node)
+        alive = _Sentinel()
+        weakref.finalize(alive, self._end_probe, region, probe)
+
+        def before_backward(grad_outputs, alive=alive):
+            if self._measuring or region.in_flight is not probe or probe.measured:
+                return None  # inside another graph's probe (this one measures in the real backward)
+            edges = [GradientEdge(node_ref(), i) for i, g in enumerate(grad_outputs) if g is not None]
+            grads = [g for g in grad_outputs if g is not None]
             try:
-                measured = self._measure(region, targets, probe.outputs, gradients, probe.wrt)
+                probe.measured = self._measure(region, targets, edges, grads, probe.wrt)
             except Exception:
                 self._end_probe(region, probe)
                 raise
-            if not measured:
+            if not probe.measured:
                 self._probe_failed(region)
-            _after_backward_of(probe.outputs, lambda: self._end_probe(region, probe))
+                self._end_probe(region, probe)
+            return None
 
-        torch.autograd.graph.register_multi_grad_hook(differentiable, on_output_gradients, mode="all")
-        return outputs
+        def after_backward(grad_inputs, grad_outputs):
+            if probe.measured and not self._measuring:
+                self._end_probe(region, probe)
+
+        node.register_prehook(before_backward)
+        node.register_hook(after_backward)
 
     @staticmethod
     def _end_probe(region: Region, probe: _Probe) -> None:
         if region.in_flight is probe:
             TABLE.release(probe.slots)
             region.in_flight = None
-        # The hook holds the probe and autograd holds the hook: without the tensors, that
-        # cycle no longer keeps the outputs and their graph alive.
-        probe.outputs, probe.wrt = [], []
+        probe.wrt = []
 
     def _probe_failed(self, region: Region) -> None:
         region.failed_probes += 1
@@ -220,15 +237,13 @@ class GactController:
                 region.index, MAX_FAILED_PROBES, sorted({t.bits for t in region.tensors}),
             )
 
-    def _measure(self, region, targets, outputs, gradients, wrt) -> bool:
+    def _measure(self, region, targets, outs: list[GradientEdge], grads: list[torch.Tensor], wrt) -> bool:
         """Measure the targets' sensitivities; False when no output received a gradient."""
-        used = [(o, g) for o, g in zip(outputs, gradients) if g is not None]
-        if not used or any(t.slot not in TABLE.stash for t in targets):
+        if not outs or any(t.slot not in TABLE.stash for t in targets):
             return False
-        outs, grads = [o for o, _ in used], [g for _, g in used]
 
         def gradient() -> torch.Tensor:
-            with torch.enable_grad(), _retain_allowed(outs):
+            with torch.enable_grad(), _retain_allowed([edge.node for edge in outs]):
                 result = torch.autograd.grad(outs, wrt, grads, retain_graph=True, allow_unused=True)
             # No parameter depends on the tensors: their sensitivity is rightly zero.
             parts = [r.detach().flatten().float() for r in result if r is not None]
@@ -351,7 +366,7 @@ def _note_backward_type(outputs) -> bool:
 
 
 @contextlib.contextmanager
-def _retain_allowed(outputs: list[torch.Tensor]):
+def _retain_allowed(nodes: list):
     """Let the probe re-run a backward that AOTAutograd first ran without retain_graph.
 
     AOTAutograd refuses (``bw_donated_idxs`` is None rather than [] when a graph was
@@ -359,7 +374,7 @@ def _retain_allowed(outputs: list[torch.Tensor]):
     the probe's backward reaches was compiled by gact for adaptive bits; a graph compiled
     otherwise may have donated its buffers, and then the check must stand.
     """
-    compiled, stack, seen = [], [o.grad_fn for o in outputs if o.grad_fn is not None], set()
+    compiled, stack, seen = [], list(nodes), set()
     while stack:
         node = stack.pop()
         if node in seen:
@@ -373,12 +388,3 @@ def _retain_allowed(outputs: list[torch.Tensor]):
             yield
     else:
         yield
-
-
-def _after_backward_of(outputs: list[torch.Tensor], callback: Callable[[], None]) -> None:
-    """Run ``callback`` once the autograd node that produced ``outputs`` has run backward."""
-    node = _compiled_node_of(outputs)
-    if node is None:
-        callback()  # nothing found to wait for: release now rather than leak
-        return
-    node.register_hook(lambda *_: callback())

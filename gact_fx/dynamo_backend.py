@@ -64,12 +64,15 @@ class GactBackend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs, *, options=None, mode=None):
         global _last_used
         _last_used = self
-        config = self.config
-        if options:
-            config = GactConfig.from_options({**config.as_dict(), **options})
+        config = self.config.updated(options) if options else self.config
         compiler = resolve_compiler(config.compiler, example_inputs, config.lowering)
         if config.adaptive and self.controller is None:
             self.controller = _controller_for(config)
+        elif config.adaptive and self.controller.settings != _controller_settings(config):
+            raise ValueError(
+                f"this backend's controller runs with {self.controller.settings}; per-call options cannot "
+                "change the adaptive settings (one budget per controller): use a separate gact_fx.backend(...)"
+            )
         records_before = len(self.records)
         partitioner = GactPartitioner(
             config, graph_index=records_before, compiler=compiler, on_record=self._add_record
@@ -121,16 +124,17 @@ class GactBackend:
         self.records.clear()
 
 
-def _controller_for(config: GactConfig) -> GactController | None:
-    if not config.adaptive:
-        return None
-    settings = ControllerSettings(
+def _controller_settings(config: GactConfig) -> ControllerSettings:
+    return ControllerSettings(
         avg_bits=config.avg_bits,
         adapt_interval=config.adapt_interval,
         probe_bits=config.probe_bits,
         probe_tensors=config.probe_tensors,
     )
-    return GactController(settings)
+
+
+def _controller_for(config: GactConfig) -> GactController | None:
+    return GactController(_controller_settings(config)) if config.adaptive else None
 
 
 def _tracked_tensors(record: GraphRecord, initial_bits: int) -> list[TrackedTensor]:

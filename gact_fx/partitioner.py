@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
-import logging
+import re
 import time
 from collections.abc import Callable, Sequence
 
@@ -22,21 +22,24 @@ from .passes.memory import saved_bytes_timeline
 from .passes.offload import offload_blobs
 from .passes.plan import BitsChooser, Compression, PlanOptions, assign_bits, plan_compression
 from .passes.rewrite import apply_plan
-from .passes.saved import find_saved
+from .passes.saved import SavedGraph, find_saved
 from .passes.snapshot import graph_view
 from .report import GraphRecord
 from .runtime.slots import allocate_slot
 from .runtime.table import RUNTIME_BITS
 
-log = logging.getLogger(__name__)
+_GRAPH_PREFIX = re.compile(r"^g\d+/")  # ``label_prefix`` of graphs after the first
 
 
 def bits_chooser(config: GactConfig) -> BitsChooser:
     """Per-tensor overrides first; then run-time bits (adaptive) or the uniform ``bits``."""
 
     def choose(compression: Compression) -> int:
+        # Labels of graphs after the first carry a ``g<index>/`` prefix; a pattern may
+        # name the tensor with or without it.
+        names = {compression.label, _GRAPH_PREFIX.sub("", compression.label)}
         for pattern, bits in config.overrides:
-            if fnmatch.fnmatchcase(compression.label, pattern):
+            if any(fnmatch.fnmatchcase(name, pattern) for name in names):
                 return bits
         return RUNTIME_BITS if config.adaptive else compression.bits
 
@@ -66,6 +69,12 @@ class GactPartitioner:
         self.compiler = compiler
         self.on_record = on_record
 
+    def _lossy_positions(self, saved: SavedGraph, options: PlanOptions) -> set[int]:
+        """Positions of the saved values the plan would store below full precision."""
+        plan = plan_compression(saved, options, allocate_slot=lambda: -1)  # a dry run: no slots taken
+        plan = assign_bits(plan, bits_chooser(self.config), estimate_bits=self.config.initial_bits)
+        return {m.position for c in plan.compressions if c.is_float and c.bits != 32 for m in c.members}
+
     def __call__(
         self,
         joint: fx.GraphModule,
@@ -88,8 +97,6 @@ class GactPartitioner:
         static_indices = static_lifetime_input_indices or ()
         saved = baseline = find_saved(fw, bw, num_fwd_outputs, static_indices)
         baseline_timeline = saved_bytes_timeline(fw, bw, baseline)
-        if self.config.enabled and hoist_comparisons(fw, bw, saved):
-            saved = find_saved(fw, bw, num_fwd_outputs, static_indices)
         options = PlanOptions(
             bits=self.config.initial_bits,
             group_size=self.config.group_size,
@@ -98,6 +105,8 @@ class GactPartitioner:
             enabled=self.config.enabled,
             label_prefix=f"g{self.graph_index}/" if self.graph_index else "",
         )
+        if self.config.enabled and hoist_comparisons(fw, bw, saved, self._lossy_positions(saved, options)):
+            saved = find_saved(fw, bw, num_fwd_outputs, static_indices)
         plan = plan_compression(saved, options, allocate_slot=allocate_slot)
         plan = assign_bits(plan, bits_chooser(self.config), estimate_bits=self.config.initial_bits)
         record = GraphRecord.build(

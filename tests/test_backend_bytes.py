@@ -57,3 +57,14 @@ def test_measured_bytes_match_the_prediction(name, bits):
     measured = measured_bytes(name, backend)
     assert measured == pytest.approx(format_prediction(backend.report()), rel=0.05)
     assert measured == backend.report().activation_bytes_after
+
+
+@pytest.mark.parametrize("options", [dict(bits=2), dict(avg_bits=2)], ids=["uniform", "adaptive"])
+def test_the_memory_timeline_counts_blobs_at_their_size(options):
+    # With run-time bits a blob's length is unbacked; its shape says nothing of its size.
+    model, inputs = model_case("block")
+    backend = gact_fx.backend(**options)
+    torch.compile(model, backend=backend, fullgraph=True)(*inputs)
+    (record,) = backend.records
+    assert record.timeline.forward[-1] == record.activation_bytes_after
+    assert record.baseline_timeline.forward[-1] == record.activation_bytes_before

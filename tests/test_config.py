@@ -41,3 +41,26 @@ def test_bad_options_fail_at_compile_time_through_torch_compile():
     compiled = torch.compile(model, backend="gact", options={"bits": 3})
     with pytest.raises(Exception, match="bits must be one of"):
         compiled(torch.randn(2, 4))
+
+
+def test_options_on_top_of_a_config():
+    adaptive = GactConfig.from_options({"level": "L2", "group_size": 128})
+    assert adaptive.updated({"level": "L1.1"}) == GactConfig(bits=8, group_size=128)
+    assert adaptive.updated({"bits": 2}).adaptive is False
+    assert GactConfig(bits=2).updated({"level": "L2.2"}).avg_bits == 2.0
+    with pytest.raises(ValueError, match="unknown gact option"):
+        adaptive.updated({"bitz": 2})
+
+
+def test_per_call_options_on_a_backend_object():
+    from .helpers import model_case, projection_loss
+
+    model, inputs = model_case("mlp")
+    backend = gact_fx.backend(level="L2")
+    compiled = torch.compile(model, backend=backend, options={"level": "L1.1"})
+    projection_loss(compiled(*inputs)).backward()
+    assert {c.bits for c in backend.records[0].plan.compressions if c.is_float} == {8}
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend, options={"avg_bits": 2})
+    with pytest.raises(Exception, match="cannot change the adaptive settings"):
+        compiled(*inputs)

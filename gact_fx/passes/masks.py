@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import logging
 import numbers
+from collections.abc import Collection
 
 import torch
 import torch.fx as fx
 
+from ..runtime.reference import FLOAT_DTYPES
 from .plan import COMPRESSIBLE_KINDS
 from .saved import SavedGraph, output_node
 from .section import SavedSection, finish
@@ -31,7 +33,6 @@ aten = torch.ops.aten
 COMPARISONS = frozenset(
     {aten.le.Scalar, aten.lt.Scalar, aten.gt.Scalar, aten.ge.Scalar, aten.eq.Scalar, aten.ne.Scalar}
 )
-FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 MAX_CONE_NODES = 64  # a longer recomputation is not worth repeating in the forward
 
 
@@ -53,24 +54,37 @@ def _saved_cone(comparison: fx.Node, saved_inputs: set[fx.Node]) -> list[fx.Node
     return [node for node in comparison.graph.nodes if node in cone]
 
 
-def hoist_comparisons(fw: fx.GraphModule, bw: fx.GraphModule, saved: SavedGraph) -> int:
-    """Rewrite in place; returns the number of comparisons moved to the forward."""
+def hoist_comparisons(
+    fw: fx.GraphModule, bw: fx.GraphModule, saved: SavedGraph, quantized: Collection[int] | None = None
+) -> int:
+    """Rewrite in place; returns the number of comparisons moved to the forward.
+
+    ``quantized``: positions of the saved values that will be stored lossy. A comparison
+    is hoisted only if it reads one of them (default: every float activation); reading
+    exact values, it is right as it stands.
+    """
     section = SavedSection(fw, bw, saved)
     fw_value = {v.bw_placeholder: v.node for v in saved.values}
-    compressible = {
+    lossy = {
         v.bw_placeholder
         for v in saved.tensors
-        if v.kind in COMPRESSIBLE_KINDS and v.val.dtype in FLOATS
+        if v.kind in COMPRESSIBLE_KINDS and v.val.dtype in FLOAT_DTYPES and (quantized is None or v.position in quantized)
     }
-    fw_output = output_node(fw)
-    copies: dict[fx.Node, fx.Node] = dict(fw_value)
+    copies: dict[fx.Node, fx.Node] = dict(fw_value)  # backward node -> its forward counterpart
     hoisted = 0
     for comparison in [n for n in bw.graph.nodes if _is_comparison(n)]:
         cone = _saved_cone(comparison, set(fw_value))
-        if cone is None or not any(arg in compressible for node in cone for arg in node.all_input_nodes):
+        if cone is None or not any(arg in lossy for node in cone for arg in node.all_input_nodes):
             continue
-        # Before the output: every forward value (and saved SymInt) exists there.
-        with fw.graph.inserting_before(fw_output):
+        # Right after the last forward node the cone reads (a saved value, or a node an
+        # earlier cone copied): the exact values it compares stay alive no longer than they did.
+        order = {node: index for index, node in enumerate(fw.graph.nodes)}
+        reads = [copies[arg] for node in cone for arg in node.all_input_nodes if arg in copies]
+        last_input = max(reads, key=order.__getitem__, default=None)
+        anchor = last_input.next if last_input is not None else output_node(fw)
+        while anchor.op == "placeholder":
+            anchor = anchor.next
+        with fw.graph.inserting_before(anchor):
             for node in cone:
                 if node not in copies:
                     copies[node] = fw.graph.node_copy(node, copies.__getitem__)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
-from .plan import COMPRESSIBLE_KINDS, nbytes_of
+from .plan import COMPRESSIBLE_KINDS, nbytes_of, node_nbytes
 from .saved import SavedGraph
 from .views import alias_path
 
@@ -53,7 +53,7 @@ def saved_bytes_timeline(fw: fx.GraphModule, bw: fx.GraphModule, saved: SavedGra
         if value.kind not in COMPRESSIBLE_KINDS:
             continue
         root = value.path.root
-        root_bytes[root] = nbytes_of(root.meta["val"])
+        root_bytes[root] = node_nbytes(root)
         roots[root] = max(roots.get(root, -1), _last_use(value.bw_placeholder, bw_order))
     for root, dies in roots.items():
         starts[fw_order[root]] += root_bytes[root]

@@ -67,6 +67,11 @@ def nbytes_of(val: torch.Tensor) -> int:
     return layout_of(val).numel * val.element_size()
 
 
+def node_nbytes(node: fx.Node) -> int:
+    """Bytes of a graph value: a blob's from the plan, whose shape may be unbacked."""
+    return node.meta.get("gact", {}).get("nbytes") or nbytes_of(node.meta["val"])
+
+
 @dataclass(frozen=True)
 class Member:
     """A saved value served by a compression: rebuilt by replaying ``chain`` on the source."""

@@ -36,7 +36,11 @@ def _insert_quantize(fw: fx.GraphModule, compression: Compression, fake_mode) ->
         node.meta["unbacked_bindings"] = unbacked_bindings(fake_mode, node.meta["val"])
     # Inductor must hand the op its input in the compile-time layout (see the op's tags).
     node.meta["eager_input_vals"] = ((source.meta["val"], *args[1:]), {})
-    node.meta["gact"] = {"role": "quantize", "source": source.name, "bits": compression.bits, "slot": compression.slot}
+    # ``nbytes``: the blob's size, which with run-time bits its shape cannot give (unbacked).
+    node.meta["gact"] = {
+        "role": "quantize", "source": source.name, "bits": compression.bits, "slot": compression.slot,
+        "nbytes": compression.bytes_after,
+    }
     if source.meta.get("saved_tensor_with_no_vc_check"):
         node.meta["saved_tensor_with_no_vc_check"] = True
     return node

@@ -90,16 +90,13 @@ def _is_sym(node) -> bool:
 
 
 def static_placeholders(fw: fx.GraphModule, static_indices: Sequence[int]) -> set[fx.Node]:
-    """The forward placeholders of static inputs (parameters, buffers)."""
+    """The forward placeholders of static inputs (parameters, buffers).
+
+    ``static_indices`` are positions among the primal inputs, which is how AOTAutograd's
+    own partitioners read them; the forward's placeholders are those primals, in order.
+    """
     placeholders = fw.graph.find_nodes(op="placeholder")
-    wanted = set(static_indices)
-    static = set()
-    for position, node in enumerate(placeholders):
-        desc = node.meta.get("desc")
-        index = getattr(desc, "idx", position)
-        if index in wanted:
-            static.add(node)
-    return static
+    return {placeholders[i] for i in static_indices if i < len(placeholders)}
 
 
 def _classify(node: fx.Node, static: set[fx.Node], outputs: set[fx.Node], output_roots: set[fx.Node]):

@@ -49,7 +49,7 @@ def graph_view(gm: fx.GraphModule) -> GraphView:
         val = node.meta.get("val")
         is_tensor = isinstance(val, torch.Tensor)
         shape = tuple(hint(s) for s in val.shape) if is_tensor else None
-        nbytes = hint(val.numel()) * val.element_size() if is_tensor else 0
+        nbytes = (node.meta.get("gact", {}).get("nbytes") or hint(val.numel()) * val.element_size()) if is_tensor else 0
         nodes.append(
             NodeView(
                 name=node.name,

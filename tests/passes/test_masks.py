@@ -73,3 +73,21 @@ def test_nothing_to_hoist_leaves_the_graphs_alone():
     code = (fw.code, bw.code)
     assert hoist_comparisons(fw, bw, find_saved(fw, bw, 1, [])) == 0
     assert (fw.code, bw.code) == code
+
+
+def test_the_hoisted_cone_sits_right_after_what_it_reads():
+    # Inserted before the forward's output, the exact ``sin`` would stay alive to the end
+    # of the forward just to be compared there.
+    fw, bw, num_out, static, inputs = recompute_pair()
+    hoist_comparisons(fw, bw, find_saved(fw, bw, num_out, static))
+    fw.graph.lint()
+    order = [n.target for n in fw.graph.nodes if n.op == "call_function"]
+    assert order == [aten.sin.default, aten.mul.Tensor, aten.add.Tensor, aten.gt.Scalar, aten.cos.default]
+
+
+def test_a_comparison_of_values_kept_exact_is_left_alone():
+    fw, bw, num_out, static, inputs = recompute_pair()
+    saved = find_saved(fw, bw, num_out, static)
+    assert hoist_comparisons(fw, bw, saved, quantized=set()) == 0  # e.g. 32 bits, or too small
+    assert aten.gt.Scalar in targets(bw)
+    assert hoist_comparisons(fw, bw, saved, quantized={0}) == 1
