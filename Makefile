@@ -1,5 +1,6 @@
-# The two commands of the README: `make demo` and `make test`. Both create the virtual
-# environment on first use: torch pinned to 2.13.0 (the local CPU wheel) by constraints.txt.
+# The two commands of the README: `make demo` and `make test` (and `make bench-quick`, the
+# benchmark smoke run into a temporary directory). All create the virtual environment on
+# first use: torch pinned to 2.13.0 (the local CPU wheel) by constraints.txt.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
@@ -17,6 +18,9 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q
+
+bench-quick: $(VENV)/.installed
+	$(PY) -m gact_fx.cli bench --quick --out "$$(mktemp -d)"
 
 clean:
 	rm -rf $(VENV) build *.egg-info

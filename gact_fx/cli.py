@@ -31,6 +31,7 @@ def load_factory(spec: str):
     module_spec = importlib.util.spec_from_file_location(file.stem, file)
     module = importlib.util.module_from_spec(module_spec)
     sys.path.insert(0, str(file.parent.resolve()))
+    sys.modules[module_spec.name] = module  # dataclasses and pickle look the module up by name
     module_spec.loader.exec_module(module)
     try:
         return getattr(module, name)
@@ -87,7 +88,8 @@ def main(argv=None) -> int:
     bench_parser.add_argument("--quick", action="store_true", help="a minute-long smoke run (tiny models, eager path)")
     bench_parser.add_argument("--models", nargs="+", help="zoo entries (default: all; --quick: cnn gpt2)")
     bench_parser.add_argument("--sizes", nargs="+", help="tiny small base large (default: tiny on CPU)")
-    bench_parser.add_argument("--methods", nargs="+", help="method names (default: all)")
+    bench_parser.add_argument("--methods", nargs="+", help="method names (default: all); the accuracy runs train those of "
+                              "them among torch.compile, gact 8/4/2 bit, gact L2, gact L2.2 and fp8")
     bench_parser.add_argument("--tasks", nargs="+", help="accuracy tasks: mnist1d digits karate charlm")
     bench_parser.add_argument("--skip-accuracy", action="store_true")
     bench_parser.add_argument("--steps", type=int, help="timed steps per measurement")

@@ -1,4 +1,5 @@
 """Benchmark tasks, models and runners behind ``gact-fx bench`` and ``benchmarks/``.
 
-Optional dependencies (mnist1d, transformers, matplotlib) are imported where used.
+Their optional dependencies, the ``bench`` extra (transformers, torch_geometric, mnist1d,
+scikit-learn, matplotlib, tqdm), are imported where used.
 """

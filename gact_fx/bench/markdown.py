@@ -2,21 +2,41 @@
 
 Every section comes from one JSON file with its ``meta`` (device, torch version, date,
 command) printed above its table, so each number carries where and how it was made.
-Sections whose file is absent are left out.
+Sections whose file is absent are left out; figure links are relative to the report's
+own directory, and only figures that exist are linked.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 
 from ..report import format_bytes
 from ..runtime.format import ideal_ratio
+from .tasks import TASKS
+
+# Which way each task's metric improves, for result files that do not say (older ones,
+# and benchmarks/convergence.py's, whose TrainResult has no such field).
+HIGHER_IS_BETTER = {task.name: task.higher_is_better for task in TASKS.values()}
 
 
 def _meta(meta: dict) -> str:
     return (f"*{meta.get('device', '?')}; torch {meta.get('torch', '?')}; {meta.get('date', '?')}; "
             f"command: `{meta.get('command', '?')}`*\n")
+
+
+def _cell(value) -> str:
+    """Text for a Markdown table cell: a ``|`` would end the cell."""
+    return str(value).replace("|", "\\|")
+
+
+def _figure(alt: str, figure: pathlib.Path, target: pathlib.Path) -> str:
+    """A Markdown image link to ``figure`` from the report ``target``; empty if it does not exist."""
+    if not figure.exists():
+        return ""
+    link = pathlib.Path(os.path.relpath(figure.resolve(), target.resolve().parent)).as_posix()
+    return f"\n![{alt}]({link})\n"
 
 
 def _load(path: pathlib.Path):
@@ -58,7 +78,7 @@ def suite_section(data: dict) -> str:
                 f"| {r['method']} | {format_bytes(r['saved_bytes'])} | {versus} | "
                 f"{limit} | {format_bytes(r['peak_bytes'])} | {time_ratio} | {r['compile_s']:.1f} | {r['max_batch'] or '-'} |"
             )
-    return "\n".join(lines) + "\n\n![memory against step time](benchmarks/results/memory_vs_time.png)\n"
+    return "\n".join(lines) + "\n"
 
 
 def accuracy_section(data: dict) -> str:
@@ -69,41 +89,42 @@ def accuracy_section(data: dict) -> str:
         group = [r for r in results if r["task"] == task]
         reference = next((r for r in group if r["method"] in ("torch.compile", "fp32") and r.get("curve")), None)
         metric = group[0]["metric"]
-        lines += [f"\n**{task}** ({metric})\n", f"| method | final {metric} | vs uncompressed | average bits |", "| --- | --- | --- | --- |"]
+        higher_is_better = group[0].get("higher_is_better", HIGHER_IS_BETTER.get(task))
+        direction = {True: ", higher is better", False: ", lower is better"}.get(higher_is_better, "")
+        lines += [f"\n**{_cell(task)}** ({_cell(metric)}{direction})\n",
+                  f"| method | final {_cell(metric)} | vs uncompressed | average bits |", "| --- | --- | --- | --- |"]
         for r in group:
             if r.get("error") or not r.get("curve"):
-                lines.append(f"| {r['method']} | failed: {r.get('error', 'no result')} | | |")
+                lines.append(f"| {_cell(r['method'])} | failed: {_cell(r.get('error', 'no result'))} | | |")
                 continue
             final = r["curve"][-1][1]
             if r.get("diverged"):
                 delta = "diverged"
             elif reference is None:
                 delta = "-"
-            elif "accuracy" in metric:
+            elif higher_is_better:  # an accuracy: the difference in percentage points
                 delta = f"{100 * (final - reference['curve'][-1][1]):+.2f} pp"
             else:
                 delta = f"{100 * (final - reference['curve'][-1][1]) / reference['curve'][-1][1]:+.2f}%"
             bits = f"{r['average_bits']:.2f}" if r.get("average_bits") is not None else "-"
-            lines.append(f"| {r['method']} | {final:.4f} | {delta} | {bits} |")
+            lines.append(f"| {_cell(r['method'])} | {final:.4f} | {delta} | {bits} |")
     return "\n".join(lines) + "\n"
 
 
-def convergence_section(path: pathlib.Path, data: dict) -> str:
+def convergence_section(path: pathlib.Path, data: dict, target: pathlib.Path) -> str:
     renamed = {"results": [dict(r, task=r.get("task", path.stem)) for r in data["results"]], "meta": data["meta"]}
     text = accuracy_section(renamed).replace("## Accuracy on short real training runs", f"## Convergence: {path.stem.removeprefix('convergence_')}")
-    figure = path.with_suffix(".png")
-    return text + (f"\n![curves]({figure.relative_to(path.parents[2])})\n" if figure.exists() else "")
+    return text + _figure("curves", path.with_suffix(".png"), target)
 
 
-def table_section(title: str, note: str, data: dict) -> str:
+def table_section(title: str, note: str, data: dict, figure: str = "") -> str:
     """A section whose file carries a ready Markdown table (``data["markdown"]``)."""
-    return f"## {title}\n\n{_meta(data['meta'])}\n{note}\n\n{data['markdown']}\n"
+    return f"## {title}\n\n{_meta(data['meta'])}\n{note}\n{figure}\n{data['markdown']}\n"
 
 
 TABLE_FILES = {
     "gradient_variance.json": ("Gradient variance: uniform against adaptive bits",
-                               "Relative variance E||g - g_exact||^2 / ||g_exact||^2 over rounding seeds. "
-                               "![gradient variance](benchmarks/results/gradient_variance.png)"),
+                               "Relative variance E||g - g_exact||^2 / ||g_exact||^2 over rounding seeds."),
     "adaptive_overhead.json": ("Cost of adaptive bits", "A probe step against a normal step, amortised over the interval."),
     "cpu_step_time.json": ("CPU step time of the gact backend", "Ratios against the same compile path with gact disabled."),
     "kernels.json": ("Kernels: quantize / dequantize bandwidth and step time", "Against a device-to-device copy of the same tensor."),
@@ -111,18 +132,25 @@ TABLE_FILES = {
 
 
 def write_markdown(results: pathlib.Path, target: pathlib.Path) -> pathlib.Path:
-    sections = ["# Benchmarks\n", "Generated by `gact-fx bench` from `benchmarks/results/*.json`. Every section states the "
+    """Write the report on the result files in ``results`` to ``target`` (any path)."""
+    source = pathlib.Path(os.path.relpath(results.resolve(), target.resolve().parent)).as_posix()
+    sections = ["# Benchmarks\n", f"Generated by `gact-fx bench` from `{source}/*.json`. Every section states the "
                 "device, torch version, date and command its numbers came from; CPU numbers are CPU numbers.\n"]
     if (results / "suite.json").exists():
-        sections.append(suite_section(_load(results / "suite.json")))
+        sections.append(suite_section(_load(results / "suite.json"))
+                        + _figure("memory against step time", results / "memory_vs_time.png", target)
+                        + _figure("largest batch that fits", results / "max_batch.png", target))
     if (results / "accuracy.json").exists():
-        sections.append(accuracy_section(_load(results / "accuracy.json")))
+        sections.append(accuracy_section(_load(results / "accuracy.json"))
+                        + _figure("training curves", results / "accuracy_curves.png", target))
     for path in sorted(results.glob("convergence_*.json")):
-        sections.append(convergence_section(path, _load(path)))
+        sections.append(convergence_section(path, _load(path), target))
     for name, (title, note) in TABLE_FILES.items():
         if (results / name).exists():
             data = _load(results / name)
             if "markdown" in data:
-                sections.append(table_section(title, note, data))
+                figure = _figure(title.split(":")[0].lower(), (results / name).with_suffix(".png"), target)
+                sections.append(table_section(title, note, data, figure))
+    target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text("\n".join(sections))
     return target

@@ -6,7 +6,8 @@
   CPU the peak of the allocations a step makes above what it started with, replayed
   from the profiler's ``[memory]`` events;
 * step time: median of several steps after warm-up (CUDA-synchronised on a GPU);
-* max batch (CUDA only): doubling then bisection, catching out-of-memory cleanly.
+* max batch (CUDA only): doubling then bisection, catching out-of-memory cleanly, never
+  above a limit.
 
 A failure is recorded with its message, never raised: one broken method must not stop
 the suite.
@@ -18,12 +19,12 @@ import copy
 import gc
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
 
-from .._compat import tree_leaves
-from ..measure import SavedBytesMeter
+from ..measure import saved_activation_bytes
 from .methods import Method
 from .zoo import Workload
 
@@ -74,8 +75,8 @@ def _short(error: BaseException) -> str:
 class _Runner:
     """A compiled copy of the workload's model under a method, and one training step."""
 
-    def __init__(self, workload: Workload, method: Method, compiler: str, device: str):
-        self.workload, self.method, self.device = workload, method, device
+    def __init__(self, workload: Workload, method: Method, compiler: str):
+        self.workload = workload
         self.model = copy.deepcopy(workload.model)
         if method.checkpoint:
             if workload.checkpointing is None:
@@ -95,12 +96,12 @@ class _Runner:
 
 
 def measure(workload: Workload, method: Method, *, model: str, size: str, compiler: str, device: str,
-            steps: int, batch: int | None = None, find_max_batch: bool = False) -> Measurement:
-    batch = batch or workload.default_batch
+            steps: int, find_max_batch: bool = False) -> Measurement:
+    batch = workload.default_batch
     result = Measurement(model, size, method.name, batch, bits=method.bits)
     try:
         with method.patches():
-            runner = _Runner(workload, method, compiler, device)
+            runner = _Runner(workload, method, compiler)
             inputs = workload.batch(batch)
             started = time.perf_counter()
             runner.step(inputs)
@@ -118,12 +119,8 @@ def measure(workload: Workload, method: Method, *, model: str, size: str, compil
                 _sync(device)
                 times.append(time.perf_counter() - started)
             result.step_ms = 1e3 * statistics.median(times)
-            exclude = [*runner.model.parameters(), *runner.model.buffers()]
-            with SavedBytesMeter(exclude=exclude) as meter:
-                output = runner.compiled(*inputs)
-            meter.exclude(t for t in tree_leaves(output) if isinstance(t, torch.Tensor))
-            result.saved_bytes = meter.nbytes
-            del output, meter
+            # the compiled module's parameters and buffers are the model's: left out
+            result.saved_bytes = saved_activation_bytes(runner.compiled, *inputs)
             if device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
                 runner.step(inputs)
@@ -131,7 +128,7 @@ def measure(workload: Workload, method: Method, *, model: str, size: str, compil
             else:
                 result.peak_bytes = _cpu_step_peak(lambda: runner.step(inputs))
             if find_max_batch and device == "cuda":
-                result.max_batch = _max_batch(runner, batch)
+                result.max_batch = _max_batch(lambda size: _fits(runner, size), batch)
     except Exception as error:  # recorded in the table, not raised: the suite goes on
         result.error = _short(error)
     finally:
@@ -154,14 +151,16 @@ def _fits(runner: _Runner, batch: int) -> bool:
         torch.cuda.empty_cache()
 
 
-def _max_batch(runner: _Runner, start: int, limit: int = 1 << 16) -> int:
-    """Largest batch that trains without running out of memory (doubling, then bisection)."""
-    low, high = 0, start
-    while high <= limit and _fits(runner, high):
+def _max_batch(fits: Callable[[int], bool], start: int, limit: int = 1 << 16) -> int:
+    """Largest batch up to ``limit`` that ``fits`` (trains without running out of memory):
+    doubling from ``start``, then bisection to within 1/32. No batch above ``limit`` is tried."""
+    low, high = 0, max(1, min(start, limit))
+    while high <= limit and fits(high):
         low, high = high, high * 2
+    high = min(high, limit + 1)  # known not to fit, or past the limit: never tried
     while high - low > max(1, low // 32):
         middle = (low + high) // 2
-        if _fits(runner, middle):
+        if fits(middle):
             low = middle
         else:
             high = middle

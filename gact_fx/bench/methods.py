@@ -40,7 +40,6 @@ class Method:
     functorch_patches: dict = field(default_factory=dict)
     checkpoint: bool = False
     bits: int | None = None  # uniform bits, for the physical limit
-    changes_numerics: bool = False  # worth an accuracy run
 
     def backend(self, compiler: str):
         options = dict(self.gact) if self.gact is not None else {"enabled": False}
@@ -65,16 +64,16 @@ ALL: dict[str, Method] = {
     m.name: m
     for m in (
         Method("torch.compile"),
-        Method("gact 8 bit", gact={"bits": 8}, bits=8, changes_numerics=True),
-        Method("gact 4 bit", gact={"bits": 4}, bits=4, changes_numerics=True),
-        Method("gact 2 bit", gact={"bits": 2}, bits=2, changes_numerics=True),
-        Method("gact L2 (adaptive 4)", gact={"level": "L2"}, changes_numerics=True),
-        Method("gact L2.2 (adaptive 2)", gact={"level": "L2.2"}, changes_numerics=True),
-        Method("fp8 activations (torch)", inductor_patches={"post_grad_fusion_options": FP8_PASS}, changes_numerics=True),
+        Method("gact 8 bit", gact={"bits": 8}, bits=8),
+        Method("gact 4 bit", gact={"bits": 4}, bits=4),
+        Method("gact 2 bit", gact={"bits": 2}, bits=2),
+        Method("gact L2 (adaptive 4)", gact={"level": "L2"}),
+        Method("gact L2.2 (adaptive 2)", gact={"level": "L2.2"}),
+        Method("fp8 activations (torch)", inductor_patches={"post_grad_fusion_options": FP8_PASS}),
         Method("budget 0.5", functorch_patches={"activation_memory_budget": 0.5}),
         Method("budget 0.0", functorch_patches={"activation_memory_budget": 0.0}),
         Method("checkpoint", checkpoint=True),
-        Method("gact 2 bit + budget 0.5", gact={"bits": 2}, functorch_patches={"activation_memory_budget": 0.5}, bits=2, changes_numerics=True),
+        Method("gact 2 bit + budget 0.5", gact={"bits": 2}, functorch_patches={"activation_memory_budget": 0.5}, bits=2),
     )
 }
 QUICK = ("torch.compile", "gact 8 bit", "gact 2 bit", "gact L2.2 (adaptive 2)", "budget 0.5", "fp8 activations (torch)")

@@ -20,7 +20,7 @@ from . import plots
 from .markdown import write_markdown
 from .measure import Measurement, measure
 from .metadata import metadata
-from .methods import ALL, select
+from .methods import ALL, Method, select
 from .tasks import TASKS
 from .train import train
 from .zoo import ZOO, build
@@ -30,6 +30,15 @@ log = logging.getLogger("gact_fx.bench")
 ACCURACY_STEPS = {"mnist1d": 1000, "digits": 800, "karate": 200, "charlm": 300}
 ACCURACY_METHODS = ("torch.compile", "gact 8 bit", "gact 4 bit", "gact 2 bit", "gact L2 (adaptive 4)",
                     "gact L2.2 (adaptive 2)", "fp8 activations (torch)")
+QUICK_ACCURACY_METHODS = ("torch.compile", "gact 8 bit", "gact L2.2 (adaptive 2)")
+
+
+def accuracy_methods(names: list[str] | None, quick: bool) -> list[Method]:
+    """The methods trained for accuracy: those of ``--methods`` that are accuracy methods
+    (and the baseline), or by default all of them (``--quick``: three)."""
+    if names:
+        return [method for method in select(names, quick) if method.name in ACCURACY_METHODS]
+    return [ALL[name] for name in (QUICK_ACCURACY_METHODS if quick else ACCURACY_METHODS)]
 
 
 def _progress(total: int, description: str):
@@ -88,9 +97,10 @@ def run_accuracy(tasks, methods, *, steps_scale: float, compiler: str) -> list[d
             torch._dynamo.reset()
             try:
                 result = train(task, method.name, method, steps=steps, eval_every=max(10, steps // 10), compiler=compiler)
-                results.append(dataclasses.asdict(result))
+                results.append(dataclasses.asdict(result) | {"higher_is_better": task.higher_is_better})
             except Exception as error:
-                results.append({"task": task.name, "method": method.name, "metric": task.metric, "curve": [], "error": f"{type(error).__name__}: {error}"[:160]})
+                results.append({"task": task.name, "method": method.name, "metric": task.metric, "higher_is_better": task.higher_is_better,
+                                "curve": [], "error": f"{type(error).__name__}: {error}"[:160]})
             bar.update()
     bar.close()
     return results
@@ -118,9 +128,10 @@ def main(args) -> int:
     plots.max_batch([r.as_dict() for r in rows], out / "max_batch.png")
     if not args.skip_accuracy:
         tasks = args.tasks or (["mnist1d"] if args.quick else ["mnist1d", "digits", "karate", "charlm"])
-        chosen = [ALL[name] for name in (["torch.compile", "gact 8 bit", "gact L2.2 (adaptive 2)"] if args.quick else ACCURACY_METHODS)]
+        chosen = accuracy_methods(args.methods, args.quick)
         results = run_accuracy(tasks, chosen, steps_scale=0.1 if args.quick else 1.0, compiler="eager")
-        (out / "accuracy.json").write_text(json.dumps({"meta": metadata(device) | {"compiler": "eager"}, "results": results}, indent=1))
+        # the training runs are on the CPU whatever --device is: label them so
+        (out / "accuracy.json").write_text(json.dumps({"meta": metadata("cpu") | {"compiler": "eager"}, "results": results}, indent=1))
         plots.curves([r for r in results if r.get("curve")], out / "accuracy_curves.png")
     markdown = write_markdown(out, pathlib.Path(args.markdown) if args.markdown else out / "BENCHMARKS.md")
     print(f"wrote {out}/suite.json, suite.csv, figures and {markdown}")

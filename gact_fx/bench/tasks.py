@@ -1,12 +1,15 @@
-"""Real training tasks that run offline: MNIST-1D classification and a character LM.
+"""Real training tasks that run offline (``TASKS``): three classifications and a character LM.
 
 * ``Mnist1dTask``: MNIST-1D generated on the spot (``mnist1d.data.make_dataset``), a
   three-layer 1-D CNN; metric: test accuracy.
 * ``CharLMTask``: a small pre-norm GPT trained on Python's own standard library sources
   (read from this interpreter's ``stdlib`` directory, bytes as tokens); metric:
   validation loss in nats per character.
+* ``DigitsTask``: scikit-learn's bundled 8x8 digits, an MLP; metric: test accuracy.
+* ``KarateTask``: Zachary's karate club (bundled with PyG), a two-layer GCN; metric:
+  test accuracy (on the nodes held out of training).
 
-Both build the same data, order and initial weights for a given seed, so methods
+Each builds the same data, order and initial weights for a given seed, so methods
 differ only in how saved activations are compressed.
 """
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from importlib import resources
 
 from ..report import Report, format_bytes
@@ -37,8 +38,21 @@ def _asset(name: str) -> str:
     return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
 
 
+def _finite(value):
+    """``value`` with every non-finite float (inf, nan) replaced by None: JSON has no such
+    numbers, and the viewer's ``JSON.parse`` rejects Python's ``Infinity`` / ``NaN``."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
+
+
 def render_html(report: Report, *, title: str = "gact-fx", sensitivities: dict[int, float] | None = None) -> str:
-    payload = json.dumps(report_data(report, title, sensitivities or {}), separators=(",", ":"))
+    data = _finite(report_data(report, title, sensitivities or {}))
+    payload = json.dumps(data, separators=(",", ":"), allow_nan=False)
     payload = payload.replace("</", "<\\/")  # never end the script element early
     return _PAGE.format(title=html.escape(title), css=_asset("viewer.css"), js=_asset("viewer.js"), data=payload)
 

@@ -2,13 +2,14 @@
 
 import csv
 import json
+import pathlib
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from gact_fx.bench import methods, zoo
+from gact_fx.bench import measure, methods, zoo
 from gact_fx.bench.markdown import write_markdown
 
 
@@ -70,3 +71,97 @@ def test_a_failed_measurement_is_a_table_row(tmp_path):
     ]}))
     text = write_markdown(tmp_path, tmp_path / "B.md").read_text()
     assert "| checkpoint | failed: n/a: no checkpointing |" in text and "| torch.compile | 100 B | baseline |" in text
+
+
+@pytest.mark.parametrize("start, limit, threshold", [(8, 100, 10**9), (8, 100, 37), (200, 100, 10**9), (200, 100, 50),
+                                                     (1, 1 << 16, 3000), (8, 8, 10**9), (8, 100, 0)])
+def test_max_batch_never_tries_or_returns_more_than_the_limit(start, limit, threshold):
+    tried = []
+
+    def fits(batch):
+        tried.append(batch)
+        return batch <= threshold
+
+    found = measure._max_batch(fits, start, limit)
+    assert max(tried) <= limit and found <= limit
+    best = min(threshold, limit)
+    assert best - max(1, best // 32) <= found <= best  # bisection stops within 1/32
+
+
+def _write(path, data):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+    return path
+
+
+META = {"device": "x", "torch": "y", "date": "z", "command": "c"}
+
+
+def _result(method, final, metric="top-1", **extra):
+    return {"task": "t", "method": method, "metric": metric, "curve": [[10, final]], "average_bits": None, **extra}
+
+
+def test_the_report_links_every_figure_relative_to_where_it_is_written(tmp_path):
+    results = tmp_path / "results"
+    _write(results / "suite.json", {"meta": META, "rows": []})
+    _write(results / "accuracy.json", {"meta": META, "results": [_result("torch.compile", 0.5)]})
+    for figure in ("memory_vs_time.png", "max_batch.png", "accuracy_curves.png"):
+        (results / figure).write_bytes(b"png")
+    text = write_markdown(results, tmp_path / "docs" / "report" / "B.md").read_text()
+    for figure in ("memory_vs_time.png", "max_batch.png", "accuracy_curves.png"):
+        assert f"(../../results/{figure})" in text
+    assert "](benchmarks/" not in text
+    (results / "max_batch.png").unlink()  # only figures that exist are linked
+    assert "max_batch.png" not in write_markdown(results, results / "BENCHMARKS.md").read_text()
+
+
+def test_the_report_of_a_shallow_results_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _write(tmp_path / "convergence_t.json", {"meta": META, "results": [_result("fp32", 0.5)]})
+    (tmp_path / "convergence_t.png").write_bytes(b"png")
+    text = write_markdown(pathlib.Path("."), pathlib.Path("B.md")).read_text()
+    assert "## Convergence: t" in text and "![curves](convergence_t.png)" in text
+
+
+def test_the_accuracy_table_takes_the_metric_direction_from_the_results_and_escapes_cells(tmp_path):
+    _write(tmp_path / "accuracy.json", {"meta": META, "results": [
+        _result("torch.compile", 0.5, higher_is_better=True), _result("gact | 2 bit", 0.25, higher_is_better=True),
+        _result("fp8", 0.5, metric="loss", task="u", higher_is_better=False),
+        _result("torch.compile", 2.0, metric="loss", task="u", higher_is_better=False),
+        {"task": "u", "method": "broken", "metric": "loss", "curve": [], "error": "ValueError: a|b"},
+    ]})
+    text = write_markdown(tmp_path, tmp_path / "B.md").read_text()
+    assert "**t** (top-1, higher is better)" in text and "| gact \\| 2 bit | 0.2500 | -25.00 pp |" in text
+    assert "**u** (loss, lower is better)" in text and "| fp8 | 0.5000 | -75.00% |" in text
+    assert "| broken | failed: ValueError: a\\|b | | |" in text
+
+
+def test_the_convergence_files_metric_direction_comes_from_the_task(tmp_path):
+    _write(tmp_path / "convergence_charlm.json", {"meta": META, "results": [
+        _result("fp32", 2.0, metric="validation loss", task="char-lm"), _result("L1", 1.0, metric="validation loss", task="char-lm")]})
+    text = write_markdown(tmp_path, tmp_path / "B.md").read_text()
+    assert "(validation loss, lower is better)" in text and "| L1 | 1.0000 | -50.00% |" in text
+
+
+def test_methods_choose_the_accuracy_runs_which_are_labelled_cpu(tmp_path, monkeypatch):
+    from gact_fx import cli
+    from gact_fx.bench import suite
+
+    trained = []
+
+    def run_accuracy(tasks, methods, **kwargs):
+        trained.extend(m.name for m in methods)
+        return [_result(m.name, 0.5) for m in methods]
+
+    monkeypatch.setattr(suite, "metadata", lambda device="cpu", command=None: {"device": device})
+    monkeypatch.setattr(suite, "run_suite", lambda *args, **kwargs: [])
+    monkeypatch.setattr(suite, "run_accuracy", run_accuracy)
+    for figure in ("memory_vs_time", "max_batch", "curves"):
+        monkeypatch.setattr(suite.plots, figure, lambda *args: None)
+    assert cli.main(["bench", "--device", "cuda", "--methods", "gact 4 bit", "budget 0.5", "--out", str(tmp_path),
+                     "--markdown", str(tmp_path / "elsewhere" / "B.md")]) == 0
+    assert trained == ["torch.compile", "gact 4 bit"]
+    assert json.loads((tmp_path / "suite.json").read_text())["meta"]["device"] == "cuda"
+    assert json.loads((tmp_path / "accuracy.json").read_text())["meta"]["device"] == "cpu"  # training runs on the CPU
+    assert (tmp_path / "elsewhere" / "B.md").exists() and not (tmp_path / "BENCHMARKS.md").exists()
+    assert suite.accuracy_methods(None, quick=True)[0].name == "torch.compile"

@@ -92,3 +92,50 @@ def test_the_cli(tmp_path):
     assert "total activations" in done.stdout
     bad = subprocess.run([sys.executable, "-m", "gact_fx.cli", "viz", "nope.py:f"], capture_output=True, text=True)
     assert bad.returncode != 0 and "no such file" in bad.stderr
+
+
+def test_non_finite_numbers_reach_the_viewer_as_null(block_backend):
+    from gact_fx.viz.render import render_html
+
+    report = block_backend.report()
+    slots = {row.slot for row in report.rows if row.slot is not None}
+    sensitivities = dict.fromkeys(slots, float("inf")) | {min(slots): float("nan")}
+    html = render_html(report, sensitivities=sensitivities)
+    match = re.search(r'<script type="application/json" id="gact-data">(.*?)</script>', html, re.S)
+
+    def reject(constant):  # what JSON.parse rejects: Infinity, -Infinity, NaN
+        raise ValueError(f"not JSON: {constant}")
+
+    data = json.loads(match.group(1), parse_constant=reject)
+    rows = data["graphs"][0]["rows"]
+    assert rows and all(r["sensitivity"] is None for r in rows)
+
+
+def test_dot_edges_join_declared_nodes(block_backend):
+    dot = gact_fx.visualize(block_backend, format="dot")
+    declared = set(re.findall(r'^\s*("[^"]*") \[label=', dot, re.M))
+    edges = re.findall(r'^\s*("[^"]*") -> ("[^"]*")', dot, re.M)
+    assert edges and all(a in declared and b in declared for a, b in edges)
+
+
+def test_a_factory_file_with_a_dataclass_loads(tmp_path):
+    from gact_fx.cli import load_factory
+
+    source = tmp_path / "factory_with_dataclass.py"
+    source.write_text(
+        "from __future__ import annotations\n"
+        "import dataclasses, pickle\n"
+        "@dataclasses.dataclass\n"
+        "class Config:\n"
+        "    width: int = 4\n"
+        "def build():\n"
+        "    config = pickle.loads(pickle.dumps(Config()))\n"
+        "    import torch\n"
+        "    return torch.nn.Linear(config.width, 2), torch.randn(3, config.width)\n"
+    )
+    try:
+        model, inputs = load_factory(f"{source}:build")()
+        assert model(inputs).shape == (3, 2)
+    finally:
+        sys.modules.pop("factory_with_dataclass", None)
+        sys.path.remove(str(tmp_path.resolve()))
