@@ -67,7 +67,6 @@ def main(argv=None) -> None:
     parser.add_argument("--verbose", action="store_true", help="log every epoch and gact's per-graph summary")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
-    torch.set_num_threads(max(1, torch.get_num_threads()))
 
     print("generating MNIST-1D (offline) ...", flush=True)
     data = load_mnist1d()

@@ -13,8 +13,6 @@ import dataclasses
 import torch
 from torch.fx.experimental.symbolic_shapes import optimization_hint as _optimization_hint
 
-TESTED_TORCH_VERSIONS = ("2.13",)
-
 
 def hint(value) -> int:
     """A concrete int for an int or SymInt, without installing a guard."""

@@ -24,7 +24,7 @@ import torch
 from . import _compat
 from .config import GactConfig
 from .controller import GactController
-from .dynamo_backend import GactBackend, GactCompileError
+from .dynamo_backend import GactBackend, GactCompileError, backend_of
 from .hooks import HookCompressor
 from .report import Report
 from .viz import render_dot, render_html, render_text
@@ -159,8 +159,6 @@ FORMATS = ("html", "dot", "text")
 
 
 def _backend_of(target) -> GactBackend:
-    from .dynamo_backend import backend_of
-
     if isinstance(target, GactBackend):
         return target
     handle = getattr(target, ATTRIBUTE, None)

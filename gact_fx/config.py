@@ -2,7 +2,8 @@
 
 Everything a user can set (``torch.compile(..., options={...})``, ``gact_fx.backend(...)``,
 ``gact_fx.compress(...)``) lands here; a wrong name or value is a ``ValueError`` that
-says what is allowed, raised when the model is compiled.
+says what is allowed: at once from ``gact_fx.backend`` and ``gact_fx.compress``, and when
+Dynamo first calls the backend for ``torch.compile(..., options=...)``.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ class GactConfig:
 
     compiler: str = "auto"
     """'inductor' compiles the rewritten graphs with Inductor; 'eager' runs them as
-    Python (seconds to compile); 'auto' picks Inductor on CUDA and eager on CPU."""
+    Python (seconds to compile); 'auto' picks Inductor on CUDA or with lowering='aten', eager otherwise."""
 
     lowering: str = "auto"
     """How compression reaches the compiled code: 'op' (opaque gact:: ops; Triton kernels

@@ -122,9 +122,6 @@ class CompressionPlan:
     def skip_for(self, position: int) -> Skip | None:
         return next((s for s in self.skips if s.position == position), None)
 
-    def by_label(self) -> dict[str, Compression]:
-        return {c.label: c for c in self.compressions}
-
 
 @dataclass(frozen=True)
 class PlanOptions:

@@ -33,9 +33,6 @@ class NodeView:
 class GraphView:
     nodes: tuple[NodeView, ...]
 
-    def by_name(self) -> dict[str, NodeView]:
-        return {node.name: node for node in self.nodes}
-
 
 def _target(node: fx.Node) -> str:
     if node.op in ("placeholder", "output"):

@@ -96,11 +96,6 @@ def bits_from_blob_nbytes(nbytes: int) -> int:
     return _BITS_BY_TAG[tag]
 
 
-def body_nbytes(nbytes: int) -> int:
-    """Length of the blob without its tag bytes."""
-    return nbytes - nbytes % _ALIGN
-
-
 def ideal_ratio(bits: int, group_size: int = 256, itemsize: int = 4) -> float:
     """Stored size over original size for a large tensor: ``(b + 64/group_size) / (8*itemsize)``.
 

@@ -4,7 +4,8 @@ Stochastic rounding must not draw from the global generator: that would shift ev
 later dropout mask and make compressed runs incomparable with uncompressed ones. Each
 quantize call instead asks this module for a seed, derived from a process-wide base
 seed and a call counter. ``manual_seed`` makes a run reproducible; ``pin`` fixes the
-seed of one slot (one saved-tensor site) while the sensitivity estimator probes it.
+seed of one slot (one saved-tensor site) so that repeated calls agree, which
+``torch.library.opcheck`` needs.
 """
 
 from __future__ import annotations
