@@ -106,7 +106,7 @@ def accuracy_section(data: dict) -> str:
                 delta = f"{100 * (final - reference['curve'][-1][1]):+.2f} pp"
             else:
                 delta = f"{100 * (final - reference['curve'][-1][1]) / reference['curve'][-1][1]:+.2f}%"
-            bits = f"{r['average_bits']:.2f}" if r.get("average_bits") is not None else "-"
+            bits = f"{r['average_bits']:.2f}" if r.get("average_bits") else "-"  # 0: nothing was adaptive
             lines.append(f"| {_cell(r['method'])} | {final:.4f} | {delta} | {bits} |")
     return "\n".join(lines) + "\n"
 
@@ -131,6 +131,12 @@ TABLE_FILES = {
 }
 
 
+def _result_files(results: pathlib.Path) -> list[pathlib.Path]:
+    files = [results / "suite.json", results / "accuracy.json", *results.glob("convergence_*.json"),
+             *(results / name for name in TABLE_FILES)]
+    return [path for path in files if path.exists() and isinstance(_load(path), dict)]
+
+
 def write_markdown(results: pathlib.Path, target: pathlib.Path) -> pathlib.Path:
     """Write the report on the result files in ``results`` to ``target`` (any path)."""
     source = pathlib.Path(os.path.relpath(results.resolve(), target.resolve().parent)).as_posix()
@@ -151,6 +157,10 @@ def write_markdown(results: pathlib.Path, target: pathlib.Path) -> pathlib.Path:
             if "markdown" in data:
                 figure = _figure(title.split(":")[0].lower(), (results / name).with_suffix(".png"), target)
                 sections.append(table_section(title, note, data, figure))
+    devices = [_load(path).get("meta", {}).get("device", "CPU") for path in _result_files(results)]
+    if all(device.startswith("CPU") for device in devices):
+        sections.insert(2, "**No section below was measured on a GPU**: there is no max-batch table and no "
+                        "kernel bandwidth table; GPU speed and memory are unmeasured.\n")
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text("\n".join(sections))
     return target

@@ -83,7 +83,7 @@ def _train(task, method, backend, options, steps, eval_every, seed, progress) ->
             if progress is not None:
                 progress(result)
     result.seconds = time.perf_counter() - started
-    if backend.controller is not None:
+    if backend.controller is not None and backend.controller.tensors():  # none: every tensor was too small
         result.average_bits = backend.controller.average_bits()
     return result
 

@@ -73,6 +73,13 @@ def test_a_failed_measurement_is_a_table_row(tmp_path):
     assert "| checkpoint | failed: n/a: no checkpointing |" in text and "| torch.compile | 100 B | baseline |" in text
 
 
+@pytest.mark.parametrize("device, says_no_gpu", [("CPU: some cpu, 2 cores", True), ("NVIDIA H100 80GB HBM3", False)])
+def test_the_report_says_when_nothing_ran_on_a_gpu(tmp_path, device, says_no_gpu):
+    (tmp_path / "suite.json").write_text(json.dumps({"meta": {"device": device, "torch": "y", "date": "z", "command": "c"}, "rows": []}))
+    text = write_markdown(tmp_path, tmp_path / "B.md").read_text()
+    assert ("No section below was measured on a GPU" in text) == says_no_gpu
+
+
 @pytest.mark.parametrize("start, limit, threshold", [(8, 100, 10**9), (8, 100, 37), (200, 100, 10**9), (200, 100, 50),
                                                      (1, 1 << 16, 3000), (8, 8, 10**9), (8, 100, 0)])
 def test_max_batch_never_tries_or_returns_more_than_the_limit(start, limit, threshold):
