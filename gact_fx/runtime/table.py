@@ -5,7 +5,7 @@
   next quantize call uses it. No recompile: the blob's size is data-dependent.
 * ``stash_slots`` / ``stash``: on a probe step, ``quantize`` also keeps an exact copy of
   the listed slots' inputs and notes which blob each belongs to (``stash_owner``, a
-  data pointer).
+  fingerprint of the blob).
 * ``decode``: while the probe (and then the probe step's own backward) runs,
   ``dequantize`` of a listed slot's stashed blob returns the stashed values instead,
   exactly (``EXACT``) or re-quantized at a given width and seed (``Requantize``).
