@@ -9,6 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import gact_fx
+from gact_fx.bench.tasks import Block as TransformerBlock  # pre-norm attention + GELU MLP
 
 
 class MLP(nn.Module):
@@ -20,25 +21,6 @@ class MLP(nn.Module):
 
     def forward(self, x):
         return self.net(x)
-
-
-class TransformerBlock(nn.Module):
-    """Pre-norm block: LayerNorm, causal SDPA attention, GELU MLP, residuals."""
-
-    def __init__(self, dim: int = 64, heads: int = 4):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
-
-    def forward(self, x):
-        b, t, d = x.shape
-        qkv = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4)
-        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(attn.transpose(1, 2).reshape(b, t, d))
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
 
 class ConvBlock(nn.Module):

@@ -89,7 +89,10 @@ class Mnist1dTask(_TensorClassification):
 
 
 class Block(nn.Module):
-    def __init__(self, dim: int, heads: int):
+    """Pre-norm block: LayerNorm, causal SDPA attention, GELU MLP, residuals (also the
+    tests' transformer block)."""
+
+    def __init__(self, dim: int = 64, heads: int = 4):
         super().__init__()
         self.heads = heads
         self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
