@@ -242,8 +242,10 @@ class GactController:
         if not outs or any(t.slot not in TABLE.stash for t in targets):
             return False
 
+        retain_allowed = _retain_allowed([edge.node for edge in outs])  # one walk of the graph per probe
+
         def gradient() -> torch.Tensor:
-            with torch.enable_grad(), _retain_allowed([edge.node for edge in outs]):
+            with torch.enable_grad(), retain_allowed:
                 result = torch.autograd.grad(outs, wrt, grads, retain_graph=True, allow_unused=True)
             # No parameter depends on the tensors: their sensitivity is rightly zero.
             parts = [r.detach().flatten().float() for r in result if r is not None]
@@ -365,7 +367,6 @@ def _note_backward_type(outputs) -> bool:
     return node is not None
 
 
-@contextlib.contextmanager
 def _retain_allowed(nodes: list):
     """Let the probe re-run a backward that AOTAutograd first ran without retain_graph.
 
@@ -384,7 +385,5 @@ def _retain_allowed(nodes: list):
             compiled.append(type(node))
         stack.extend(n for n, _ in node.next_functions if n is not None)
     if all(kind in _ADAPTIVE_BACKWARD_TYPES for kind in compiled):
-        with _compat.functorch_config().patch(donated_buffer=False):
-            yield
-    else:
-        yield
+        return _compat.functorch_config().patch(donated_buffer=False)
+    return contextlib.nullcontext()

@@ -78,9 +78,9 @@ def hoist_comparisons(
             continue
         # Right after the last forward node the cone reads (a saved value, or a node an
         # earlier cone copied): the exact values it compares stay alive no longer than they did.
-        order = {node: index for index, node in enumerate(fw.graph.nodes)}
+        # (FX nodes compare by their position in the graph.)
         reads = [copies[arg] for node in cone for arg in node.all_input_nodes if arg in copies]
-        last_input = max(reads, key=order.__getitem__, default=None)
+        last_input = max(reads, default=None)
         anchor = last_input.next if last_input is not None else output_node(fw)
         while anchor.op == "placeholder":
             anchor = anchor.next

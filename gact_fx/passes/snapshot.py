@@ -14,6 +14,7 @@ import torch.fx as fx
 
 from .._compat import hint
 from .names import module_path
+from .plan import node_nbytes
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ def graph_view(gm: fx.GraphModule) -> GraphView:
         val = node.meta.get("val")
         is_tensor = isinstance(val, torch.Tensor)
         shape = tuple(hint(s) for s in val.shape) if is_tensor else None
-        nbytes = (node.meta.get("gact", {}).get("nbytes") or hint(val.numel()) * val.element_size()) if is_tensor else 0
+        nbytes = node_nbytes(node) if is_tensor else 0
         nodes.append(
             NodeView(
                 name=node.name,
