@@ -65,8 +65,8 @@ class _GatedCall:
     """The module's call: gact-compiled when training with grad, the plain forward otherwise."""
 
     def __init__(self, model: torch.nn.Module, handle: GactHandle) -> None:
-        self.plain = model._call_impl
-        self.compiled = torch.compile(model._call_impl, backend=handle.backend)
+        self.plain = _compat.plain_call(model)
+        self.compiled = torch.compile(self.plain, backend=handle.backend)
         self.model, self.handle = model, handle
 
     def __call__(self, *args, **kwargs):

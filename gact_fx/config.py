@@ -13,6 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from . import _compat
 from .runtime import format as fmt
 
 COMPILERS = ("auto", "inductor", "eager")
@@ -129,6 +132,11 @@ class GactConfig:
             raise ValueError("lowering='aten' needs bits fixed at compile time; adaptive bits (avg_bits) use lowering='op'")
         if self.partitioner not in PARTITIONERS:
             raise ValueError(f"partitioner must be one of {PARTITIONERS}, got {self.partitioner!r}")
+        if self.offload and not _compat.has_activation_offloading():
+            raise ValueError(
+                f"offload=True (level L3) drives torch's activation-offloading pass, which torch "
+                f"{torch.__version__} lacks: it needs torch 2.10 or later"
+            )
 
     @property
     def adaptive(self) -> bool:

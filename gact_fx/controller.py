@@ -23,7 +23,6 @@ probe whose outputs are dropped without a backward ends when autograd frees its 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import math
@@ -242,10 +241,8 @@ class GactController:
         if not outs or any(t.slot not in TABLE.stash for t in targets):
             return False
 
-        retain_allowed = _retain_allowed([edge.node for edge in outs])  # one walk of the graph per probe
-
         def gradient() -> torch.Tensor:
-            with torch.enable_grad(), retain_allowed:
+            with torch.enable_grad():
                 result = torch.autograd.grad(outs, wrt, grads, retain_graph=True, allow_unused=True)
             # No parameter depends on the tensors: their sensitivity is rightly zero.
             parts = [r.detach().flatten().float() for r in result if r is not None]
@@ -338,20 +335,11 @@ def _gradient_targets(args) -> list[torch.Tensor]:
     return parameters or needing
 
 
-# The backward node types of graphs compiled for adaptive bits, which were compiled
-# without donated buffers and so may run backward twice.
-_ADAPTIVE_BACKWARD_TYPES: weakref.WeakSet[type] = weakref.WeakSet()
-
-
-def _is_compiled(node) -> bool:
-    return "CompiledFunction" in node.name()
-
-
 def _compiled_node_of(outputs: list[torch.Tensor]):
     """The AOTAutograd node that produced ``outputs`` (through view nodes), or None."""
     node = outputs[0].grad_fn
     seen = set()
-    while node is not None and not _is_compiled(node) and node not in seen:
+    while node is not None and not _compat.is_compiled_node(node) and node not in seen:
         seen.add(node)
         parents = [n for n, _ in node.next_functions if n is not None]
         node = parents[0] if len(parents) == 1 else None
@@ -363,27 +351,5 @@ def _note_backward_type(outputs) -> bool:
     differentiable = [o for o in flat if isinstance(o, torch.Tensor) and o.grad_fn is not None]
     node = _compiled_node_of(differentiable) if differentiable else None
     if node is not None:
-        _ADAPTIVE_BACKWARD_TYPES.add(type(node))
+        _compat.allow_backward_rerun(node)  # compiled without donated buffers: the probe re-runs it
     return node is not None
-
-
-def _retain_allowed(nodes: list):
-    """Let the probe re-run a backward that AOTAutograd first ran without retain_graph.
-
-    AOTAutograd refuses (``bw_donated_idxs`` is None rather than [] when a graph was
-    compiled without donated buffers). Its check is lifted only when every compiled graph
-    the probe's backward reaches was compiled by gact for adaptive bits; a graph compiled
-    otherwise may have donated its buffers, and then the check must stand.
-    """
-    compiled, stack, seen = [], list(nodes), set()
-    while stack:
-        node = stack.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        if _is_compiled(node):
-            compiled.append(type(node))
-        stack.extend(n for n, _ in node.next_functions if n is not None)
-    if all(kind in _ADAPTIVE_BACKWARD_TYPES for kind in compiled):
-        return _compat.functorch_config().patch(donated_buffer=False)
-    return contextlib.nullcontext()

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ._compat import version_counter
 from .measure import note_saved
 from .runtime import ops as _ops  # noqa: F401  (registers torch.ops.gact)
 from .runtime.reference import FLOAT_DTYPES
@@ -55,7 +56,7 @@ class HookCompressor:
         # An entry lives only as long as its tensor, so a later tensor that reuses the
         # freed memory never matches it.
         key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
-               tuple(tensor.stride()), tensor.dtype, tensor._version)
+               tuple(tensor.stride()), tensor.dtype, version_counter(tensor))
         if key not in packed:
             perm = tuple(sorted(range(tensor.dim()), key=lambda d: (-tensor.stride(d), d)))
             blob = torch.ops.gact.quantize(tensor.detach(), self.bits, self.group_size, list(perm), self._slot)

@@ -14,6 +14,8 @@ from .helpers import baseline_backend, compiled_grads, model_case, relative_erro
 
 MODELS = ["mlp", "block", "conv", "bert"]
 
+pytestmark = pytest.mark.compat
+
 
 def gact_backend(bits, compiler="eager"):
     return gact_fx.backend(bits=bits, compiler=compiler)

@@ -64,3 +64,12 @@ def test_per_call_options_on_a_backend_object():
     compiled = torch.compile(model, backend=backend, options={"avg_bits": 2})
     with pytest.raises(Exception, match="cannot change the adaptive settings"):
         compiled(*inputs)
+
+
+def test_offload_is_refused_where_torch_has_no_offloading_pass(monkeypatch):
+    from gact_fx import _compat
+
+    monkeypatch.setattr(_compat, "has_activation_offloading", lambda: False)
+    with pytest.raises(ValueError, match="needs torch 2.10 or later"):
+        GactConfig.from_options({"level": "L3"})
+    GactConfig.from_options({"level": "L2"})  # the rest is unaffected

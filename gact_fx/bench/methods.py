@@ -21,6 +21,7 @@ import contextlib
 from dataclasses import dataclass, field
 
 import gact_fx
+from gact_fx import _compat
 
 FP8_PASS = {
     "activation_quantization_aten_pass": {
@@ -48,13 +49,9 @@ class Method:
     def patches(self) -> contextlib.AbstractContextManager:
         stack = contextlib.ExitStack()
         if self.inductor_patches:
-            import torch._inductor.config as inductor_config
-
-            stack.enter_context(inductor_config.patch(self.inductor_patches))
+            stack.enter_context(_compat.inductor_config().patch(self.inductor_patches))
         if self.functorch_patches:
-            import torch._functorch.config as functorch_config
-
-            stack.enter_context(functorch_config.patch(self.functorch_patches))
+            stack.enter_context(_compat.functorch_config().patch(self.functorch_patches))
         return stack
 
 

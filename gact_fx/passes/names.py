@@ -11,27 +11,26 @@ import re
 
 import torch.fx as fx
 
-_SELF = re.compile(r"^L\['self'\]\.?|^L\['(\w+)'\]\.?")
+from .._compat import DYNAMO_SELF, module_stack, source_function
+
 _INDEX = re.compile(r"\[(\d+)\]")
 _KEY = re.compile(r"\['([^']+)'\]")
 
 
 def module_path(node: fx.Node) -> str:
-    stack = node.meta.get("nn_module_stack") or {}
+    stack = module_stack(node)
     if not stack:
         return ""
-    path, _ = list(stack.values())[-1]
-    path = _SELF.sub(lambda m: "" if m.group(1) is None else f"{m.group(1)}.", path)
+    path = DYNAMO_SELF.sub(lambda m: "" if m.group(1) is None else f"{m.group(1)}.", stack[-1])
     path = _INDEX.sub(r".\1", path)
     path = _KEY.sub(r".\1", path).replace("._modules.", ".").replace("_modules.", "")
     return path.strip(".")
 
 
 def function_name(node: fx.Node) -> str:
-    stack = node.meta.get("source_fn_stack") or []
-    if stack:
-        name = stack[-1][0]
-        return re.sub(r"_\d+$", "", str(name))
+    name = source_function(node)
+    if name is not None:
+        return re.sub(r"_\d+$", "", name)
     if node.op == "placeholder":
         return "input"
     return getattr(node.target, "__name__", str(node.target)).split(".")[0]

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch.fx as fx
 
-from .._compat import offload_marked_activations
+from .._compat import mark_for_offload, offload_marked_activations
 from .saved import output_node, static_placeholders
 from .section import finish
 
@@ -22,7 +22,7 @@ def offload_blobs(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, 
     saved = list(output_node(fw).args[0])[num_fwd_outputs:]
     blobs = [n for n in saved if isinstance(n, fx.Node) and n.meta.get("gact", {}).get("role") == "quantize"]
     for blob in blobs:
-        blob.meta["should_offload"] = True
+        mark_for_offload(blob)
     if blobs:
         offload_marked_activations(fw, bw, num_fwd_outputs, static_placeholders(fw, static_indices))
         finish(fw, bw, num_fwd_outputs)

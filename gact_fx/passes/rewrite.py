@@ -13,7 +13,14 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from .._compat import detect_fake_mode, unbacked_bindings
+from .._compat import (
+    detect_fake_mode,
+    mark_saved_without_vc_check,
+    saved_without_vc_check,
+    set_eager_input_vals,
+    set_unbacked_bindings,
+    unbacked_bindings,
+)
 from ..runtime import ops as _ops  # noqa: F401  (registers torch.ops.gact)
 from ..runtime.table import RUNTIME_BITS
 from .plan import Compression, CompressionPlan
@@ -33,16 +40,16 @@ def _insert_quantize(fw: fx.GraphModule, compression: Compression, fake_mode) ->
     with fake_mode:
         set_val(node, QUANTIZE(source.meta["val"], *args[1:]))
     if compression.bits == RUNTIME_BITS:  # the blob's length is data-dependent: say where it is bound
-        node.meta["unbacked_bindings"] = unbacked_bindings(fake_mode, node.meta["val"])
+        set_unbacked_bindings(node, unbacked_bindings(fake_mode, node.meta["val"]))
     # Inductor must hand the op its input in the compile-time layout (see the op's tags).
-    node.meta["eager_input_vals"] = ((source.meta["val"], *args[1:]), {})
+    set_eager_input_vals(node, (source.meta["val"], *args[1:]))
     # ``nbytes``: the blob's size, which with run-time bits its shape cannot give (unbacked).
     node.meta["gact"] = {
         "role": "quantize", "source": source.name, "bits": compression.bits, "slot": compression.slot,
         "nbytes": compression.bytes_after,
     }
-    if source.meta.get("saved_tensor_with_no_vc_check"):
-        node.meta["saved_tensor_with_no_vc_check"] = True
+    if saved_without_vc_check(source):
+        mark_saved_without_vc_check(node)
     return node
 
 

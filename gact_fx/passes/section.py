@@ -15,7 +15,14 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from .._compat import extract_tensor_metadata, rename_node, saved_output_descriptor
+from .._compat import (
+    extract_tensor_metadata,
+    output_descriptors,
+    rename_node,
+    saved_output_descriptor,
+    saved_without_vc_check,
+    set_output_descriptors,
+)
 from .saved import SavedGraph, find_saved, output_node
 
 
@@ -38,7 +45,7 @@ class SavedSection:
         self.fw, self.bw = fw, bw
         self.num_fwd_outputs = saved.num_fwd_outputs
         out = output_node(fw)
-        descs = out.meta.get("desc")
+        descs = output_descriptors(out)
         self._real_descs = list(descs[: self.num_fwd_outputs]) if descs is not None else None
         saved_descs = list(descs[self.num_fwd_outputs :]) if descs is not None else [None] * len(saved.values)
         entries = [_Entry(v.node, v.bw_placeholder, type(d) if d is not None else None) for v, d in zip(saved.values, saved_descs)]
@@ -127,15 +134,15 @@ class SavedSection:
             self.bw.graph.erase_node(placeholder)
         self._retired.clear()
         # Stable: tensors saved without a version-counter check must come last.
-        self.tensors.sort(key=lambda e: bool(e.fw_node.meta.get("saved_tensor_with_no_vc_check")))
+        self.tensors.sort(key=lambda e: saved_without_vc_check(e.fw_node))
         out = output_node(self.fw)
         real = list(out.args[0][: self.num_fwd_outputs])
         out.args = (tuple(real + [e.fw_node for e in self.tensors + self.symints]),)
         if self._real_descs is not None:
             default = saved_output_descriptor()
-            out.meta["desc"] = self._real_descs + [
-                (e.desc_type or default)(i) for i, e in enumerate(self.tensors + self.symints)
-            ]
+            set_output_descriptors(
+                out, self._real_descs + [(e.desc_type or default)(i) for i, e in enumerate(self.tensors + self.symints)]
+            )
         self._order_placeholders()
 
     def _order_placeholders(self) -> None:

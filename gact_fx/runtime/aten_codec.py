@@ -16,11 +16,13 @@ import math
 from collections.abc import Sequence
 
 import torch
-import torch._inductor.inductor_prims  # noqa: F401  (registers prims.inductor_random; aten path only)
 
+from .. import _compat
 from . import format as fmt
 from .ops import inverse_permutation
 from .reference import decode_bool, decode_groups, decode_raw, encode_groups, quantize_reference
+
+_compat.register_inductor_random()  # the aten path only: this module is imported by passes.lower_aten
 
 
 def encode(x: torch.Tensor, perm: Sequence[int], bits: int, group_size: int, seed: torch.Tensor) -> torch.Tensor:

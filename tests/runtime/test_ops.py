@@ -20,6 +20,7 @@ def pinned_slot():
     DEFAULT_SEEDS.unpin_all()
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("bits", fmt.SUPPORTED_BITS)
 def test_opcheck(dtype, bits, pinned_slot):
@@ -29,6 +30,7 @@ def test_opcheck(dtype, bits, pinned_slot):
     torch.library.opcheck(dequantize, (blob, [6, 50], dtype, 64, [0, 1], pinned_slot))
 
 
+@pytest.mark.compat
 def test_opcheck_bool(pinned_slot):
     mask = torch.rand(3, 70) > 0.3
     torch.library.opcheck(quantize, (mask, 2, 64, [0, 1], pinned_slot))

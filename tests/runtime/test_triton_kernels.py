@@ -22,6 +22,8 @@ from gact_fx.runtime import format as fmt  # noqa: E402
 from gact_fx.runtime import triton_kernels as tk  # noqa: E402
 from gact_fx.runtime.reference import dequantize_reference, quantize_reference  # noqa: E402
 
+pytestmark = pytest.mark.compat
+
 DEVICE = "cuda" if ON_GPU else "cpu"
 FLOATS = [torch.float32, torch.float16, torch.bfloat16]
 GROUP = 64
@@ -56,13 +58,13 @@ def test_either_implementation_decodes_the_others_blob(dtype, bits):
             assert torch.equal(got, expected)
 
 
-def test_more_groups_than_programs():
-    x = sample(40 * 8 + 3, torch.float32)  # 41 groups of 8, 2 programs: each loops over many
+def test_many_programs_and_a_partial_last_block():
+    x = sample(40 * 8 + 3, torch.float32)  # 41 groups of 8: 11 programs, the last one holds 1 group
     groups = fmt.num_groups(x.numel(), 8)
-    noise = tk.rounding_noise(groups, 8, 5, x.device, max_programs=2)
-    blob = tk.quantize(x, 2, 8, 5, max_programs=2)
+    noise = tk.rounding_noise(groups, 8, 5, x.device)
+    blob = tk.quantize(x, 2, 8, 5)
     assert torch.equal(blob, quantize_reference(x, 2, 8, noise))
-    assert torch.equal(tk.dequantize(blob, x.numel(), x.dtype, 8, max_programs=2), dequantize_reference(blob, x.numel(), x.dtype, 8))
+    assert torch.equal(tk.dequantize(blob, x.numel(), x.dtype, 8), dequantize_reference(blob, x.numel(), x.dtype, 8))
 
 
 def test_noise_is_reproducible_and_differs_per_seed():
