@@ -9,8 +9,8 @@ from .api import GactHandle, compress, decompress, visualize
 from .config import LEVELS, GactConfig
 from .controller import GactController
 from .dynamo_backend import GactBackend, GactCompileError, backend_of, last_report
-from .report import GraphRecord, Report, SavedTensorRow
-from .runtime.seeds import manual_seed
+from .report import CompressionRecord, GraphRecord, Report, SavedTensorRow
+from .runtime.registry import manual_seed
 
 __version__ = "0.1.0"
 
@@ -43,6 +43,7 @@ __all__ = [
     "GactCompileError",
     "GactConfig",
     "GactController",
+    "CompressionRecord",
     "GactHandle",
     "LEVELS",
     "GraphRecord",

@@ -107,7 +107,10 @@ class _GatedCall:
             log.warning("gact: torch.compile captured no training graph of %s; compression is off, so it "
                         "runs the plain forward (fallback='hooks')", handle._model_name)
             return
-        handle.hooks = HookCompressor(self.model, bits=config.initial_bits, group_size=config.group_size, min_numel=config.min_numel)
+        handle.hooks = HookCompressor(
+            self.model, registry=handle.backend.registry, bits=config.initial_bits, group_size=config.group_size,
+            min_numel=config.min_numel,
+        )
         log.warning(
             "gact: torch.compile captured no training graph of %s, so this step ran uncompressed; "
             "from the next step activations are compressed through saved-tensor hooks at %d bits "

@@ -1,12 +1,13 @@
 """Adaptive bits at run time: sensitivities, the bit allocation, and when to re-measure.
 
 One ``GactController`` per backend. Every compiled training graph becomes a ``Region``
-whose float activations were compiled with run-time bits; the controller writes their
-widths into the slot table (``runtime.table``) and changes them without recompiling.
+whose float activations were compiled with run-time bits; the controller sets their
+widths on their sites (``runtime.registry``) and changes them without recompiling.
 
 Sensitivity probe (GACT's estimator, without a closure from the user): on a probe step
 the region's forward also keeps exact copies of a few tensors (at most
-``probe_tensors``, in rotation). When the backward reaches the region, a hook that
+``probe_tensors``, in rotation), and their blobs carry a token that names that call.
+When the backward reaches the region, a hook that
 receives the real output gradients re-runs the region's compiled backward
 (``torch.autograd.grad(..., retain_graph=True)``): once with those tensors exact, then
 once per tensor with only it quantized at ``probe_bits`` bits. Each difference gives
@@ -35,8 +36,8 @@ from torch.autograd.graph import GradientEdge
 
 from . import _compat
 from .allocation import AllocationProblem, quantization_variance, solve
-from .runtime.seeds import DEFAULT_SEEDS
-from .runtime.table import EXACT, TABLE, Requantize
+from .runtime.noise import fmix32
+from .runtime.registry import EXACT, Requantize, Site, stashing
 
 log = logging.getLogger("gact_fx")
 
@@ -45,17 +46,30 @@ MAX_FAILED_PROBES = 3  # probes that found no gradient before a graph stops tryi
 
 @dataclass
 class TrackedTensor:
-    slot: int
+    """A run-time-bits tensor of a region: its site holds the width in force."""
+
+    site: Site
     name: str
     numel: int
     itemsize: int
-    bits: int
     sensitivity: float | None = None
+
+    @property
+    def slot(self) -> int:
+        return self.site.slot
+
+    @property
+    def bits(self) -> int:
+        return self.site.runtime_bits()
+
+    @bits.setter
+    def bits(self, bits: int) -> None:
+        self.site.bits = bits
 
 
 @dataclass
 class _Probe:
-    slots: frozenset[int]
+    targets: list[TrackedTensor]
     wrt: list[torch.Tensor]  # what the probe differentiates with respect to
     measured: bool = False
 
@@ -101,8 +115,6 @@ class GactController:
     # -- registration --------------------------------------------------------------------
 
     def add_region(self, index: int, tensors: Sequence[TrackedTensor]) -> Region:
-        for tensor in tensors:
-            TABLE.bits[tensor.slot] = tensor.bits
         region = Region(index, list(tensors))
         self.regions[index] = region
         if self._pending_state is not None:
@@ -168,19 +180,16 @@ class GactController:
         targets = self._probe_targets(region)
         slots = frozenset(t.slot for t in targets)
         wrt = _gradient_targets(args)
-        TABLE.stash_slots = slots
-        try:
+        with stashing(slots):
             outputs = compiled_forward(*args)
-        finally:
-            TABLE.stash_slots = frozenset()
         flat_outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
         differentiable = [o for o in flat_outputs if isinstance(o, torch.Tensor) and o.requires_grad]
         node = _compiled_node_of(differentiable) if differentiable and wrt else None
         if node is None:
-            TABLE.release(slots)
+            _release(targets)
             self._probe_failed(region)
             return outputs
-        probe = _Probe(slots, wrt)
+        probe = _Probe(targets, wrt)
         region.in_flight = probe
         if region.fully_measured:
             region.probe_at_call = region.calls + self.settings.adapt_interval
@@ -223,7 +232,7 @@ class GactController:
     @staticmethod
     def _end_probe(region: Region, probe: _Probe) -> None:
         if region.in_flight is probe:
-            TABLE.release(probe.slots)
+            _release(probe.targets)
             region.in_flight = None
         probe.wrt = []
 
@@ -238,7 +247,7 @@ class GactController:
 
     def _measure(self, region, targets, outs: list[GradientEdge], grads: list[torch.Tensor], wrt) -> bool:
         """Measure the targets' sensitivities; False when no output received a gradient."""
-        if not outs or any(t.slot not in TABLE.stash for t in targets):
+        if not outs or any(t.site.stash is None for t in targets):
             return False
 
         def gradient() -> torch.Tensor:
@@ -250,14 +259,14 @@ class GactController:
 
         scale = quantization_variance(self.settings.probe_bits)
         for target in targets:
-            TABLE.decode[target.slot] = EXACT
+            target.site.substitute = EXACT
         self._measuring = True
         try:
             exact = gradient()
             for target in targets:
-                TABLE.decode[target.slot] = Requantize(self.settings.probe_bits, DEFAULT_SEEDS.next_seed(target.slot))
+                target.site.substitute = Requantize(self.settings.probe_bits, _fresh_key(target.site))
                 squared = float(((gradient() - exact) ** 2).sum())
-                TABLE.decode[target.slot] = EXACT  # the step's own backward then uses exact values
+                target.site.substitute = EXACT  # the step's own backward then uses exact values
                 target.sensitivity = squared / scale if math.isfinite(squared) else math.inf
         finally:
             self._measuring = False
@@ -277,7 +286,6 @@ class GactController:
         )
         for tensor, bits in zip(adaptive, solve(problem)):
             tensor.bits = bits
-            TABLE.bits[tensor.slot] = bits
         region.adaptations += 1
         histogram = {b: sum(1 for t in adaptive if t.bits == b) for b in sorted({t.bits for t in adaptive})}
         log.info(
@@ -321,11 +329,21 @@ class GactController:
             if tensor.name in by_name:
                 tensor.bits = by_name[tensor.name]["bits"]
                 tensor.sensitivity = by_name[tensor.name]["sensitivity"]
-                TABLE.bits[tensor.slot] = tensor.bits
         region.calls = saved["calls"]
         region.next_probe = saved["next_probe"]
         region.probe_at_call = saved.get("probe_at_call", region.calls + 1)
         region.adaptations = saved["adaptations"]
+
+
+def _release(targets: Sequence[TrackedTensor]) -> None:
+    for target in targets:
+        target.site.release_probe()
+
+
+def _fresh_key(site: Site) -> tuple[int, int]:
+    """A key no forward call uses, for the probe's re-quantization."""
+    token = site.registry.new_token()
+    return fmix32(token ^ 0x5BD1E995), fmix32(site.index ^ fmix32(token))
 
 
 def _gradient_targets(args) -> list[torch.Tensor]:

@@ -5,6 +5,8 @@ through the ``torch_dynamo_backends`` entry point; ``gact_fx.backend(**options)`
 a ``GactBackend`` to pass as ``backend=`` directly. Either way each graph Dynamo hands
 over goes through AOTAutograd with ``GactPartitioner`` and is compiled by Inductor or
 run as Python ("eager"), and a ``GraphRecord`` per graph is kept for the report.
+Each backend owns the run-time state of its sites (``runtime.registry``): two backends
+in one process, at different bits, never see each other's.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ from . import _compat
 from .config import GactConfig
 from .controller import ControllerSettings, GactController, TrackedTensor
 from .partitioner import GactPartitioner
-from .passes.plan import layout_of
 from .report import GraphRecord, Report, log_record
-from .runtime.table import RUNTIME_BITS
+from .runtime.format import RUNTIME_BITS
+from .runtime.registry import SlotRegistry
 
 log = logging.getLogger("gact_fx")
 
@@ -30,8 +32,31 @@ class GactCompileError(RuntimeError):
     quietly turn into a graph break, leaving that part of the model uncompressed."""
 
 
-_last_used: GactBackend | None = None
-_live_backends: weakref.WeakSet[GactBackend] = weakref.WeakSet()
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+class _SharedBackends:
+    """The backends ``backend="gact"`` shares (one per distinct set of options), every live
+    backend (to find a model's), and the one that compiled last (``last_report``)."""
+
+    def __init__(self) -> None:
+        self.by_config: dict[GactConfig, GactBackend] = {}
+        self.live: weakref.WeakSet[GactBackend] = weakref.WeakSet()
+        self.last_used: GactBackend | None = None
+
+    def for_config(self, config: GactConfig) -> GactBackend:
+        backend = self.by_config.get(config)
+        if backend is None:
+            backend = self.by_config[config] = GactBackend(config)
+        return backend
+
+    def reset(self) -> None:
+        if self.last_used in self.by_config.values():
+            self.last_used = None
+        self.by_config.clear()
+
+
+_SHARED = _SharedBackends()
 
 
 def resolve_compiler(requested: str, example_inputs: Sequence[object], lowering: str = "auto") -> str:
@@ -47,7 +72,8 @@ def resolve_compiler(requested: str, example_inputs: Sequence[object], lowering:
 class GactBackend:
     """A torch.compile backend that compresses saved activations.
 
-    ``records`` holds one ``GraphRecord`` per compiled training graph, in compile order.
+    ``records`` holds one ``GraphRecord`` per compiled training graph, in compile order;
+    ``registry`` the run-time state of its sites.
     """
 
     def __init__(self, config: GactConfig | None = None, **options) -> None:
@@ -55,17 +81,23 @@ class GactBackend:
             raise ValueError("pass either a GactConfig or keyword options, not both")
         self.config = config if config is not None else GactConfig.from_options(options)
         self.records: list[GraphRecord] = []
+        self.registry = SlotRegistry()
         self.controller: GactController | None = _controller_for(self.config)
-        _live_backends.add(self)
+        _SHARED.live.add(self)
 
     def __repr__(self) -> str:
         return f"GactBackend({self.config!r}, graphs={len(self.records)})"
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs, *, options=None, mode=None):
-        global _last_used
-        _last_used = self
+        _SHARED.last_used = self
         config = self.config.updated(options) if options else self.config
         compiler = resolve_compiler(config.compiler, example_inputs, config.lowering)
+        if config.adaptive and mode in CUDA_GRAPH_MODES:
+            raise ValueError(
+                f"gact: mode={mode!r} captures CUDA graphs, which replay kernels without running Python, and "
+                "adaptive bits (avg_bits, levels L2.x) set widths and probe from Python at every call; use "
+                "uniform bits (bits=..., levels L1.x) with CUDA graphs, or the default mode"
+            )
         if config.adaptive and self.controller is None:
             self.controller = _controller_for(config)
         elif config.adaptive and self.controller.settings != _controller_settings(config):
@@ -75,7 +107,8 @@ class GactBackend:
             )
         records_before = len(self.records)
         partitioner = GactPartitioner(
-            config, graph_index=records_before, compiler=compiler, on_record=self._add_record
+            config, graph_index=records_before, compiler=compiler, on_record=self._add_record,
+            allocate_slot=lambda: self.registry.new_site().slot,
         )
         # No AOTAutograd cache: a hit would skip the partitioner, and with it the report and
         # the controller's registration. No donated buffers in adaptive mode: the probe runs
@@ -102,7 +135,7 @@ class GactBackend:
         record = self.records[-1]
         record.parameters = [weakref.ref(t) for t in example_inputs if isinstance(t, torch.nn.Parameter)]
         if config.adaptive:
-            region = self.controller.add_region(record.index, _tracked_tensors(record, config.initial_bits))
+            region = self.controller.add_region(record.index, self._tracked_tensors(record, config.initial_bits))
             compiled = self.controller.wrap(region, compiled)
         return compiled
 
@@ -115,8 +148,20 @@ class GactBackend:
         mine = {id(p) for p in model.parameters()}
         return [r for r in self.records if any(ref() is not None and id(ref()) in mine for ref in r.parameters)]
 
+    def _tracked_tensors(self, record: GraphRecord, initial_bits: int) -> list[TrackedTensor]:
+        """The run-time-bits compressions of a graph, named after what produced them."""
+        tracked = []
+        for compression in record.compressions:
+            if compression.bits == RUNTIME_BITS:
+                site = self.registry.sites[compression.slot]
+                site.bits = initial_bits
+                tracked.append(TrackedTensor(site, compression.label, compression.numel, compression.itemsize))
+        return tracked
+
     def report(self) -> Report:
-        return Report(list(self.records))
+        """A snapshot of every graph compiled so far, with the bits in force now."""
+        bits = {slot: site.bits for slot, site in self.registry.sites.items() if site.bits is not None}
+        return Report(list(self.records), bits)
 
     def clear(self) -> None:
         """Forget the records. (Deliberately not named ``reset``: ``torch._dynamo.reset()``
@@ -135,21 +180,6 @@ def _controller_settings(config: GactConfig) -> ControllerSettings:
 
 def _controller_for(config: GactConfig) -> GactController | None:
     return GactController(_controller_settings(config)) if config.adaptive else None
-
-
-def _tracked_tensors(record: GraphRecord, initial_bits: int) -> list[TrackedTensor]:
-    """The run-time-bits compressions of a graph, named after what produced them."""
-    return [
-        TrackedTensor(
-            slot=c.slot,
-            name=c.label,
-            numel=layout_of(c.source.meta["val"]).numel,
-            itemsize=c.source.meta["val"].element_size(),
-            bits=initial_bits,
-        )
-        for c in record.plan.compressions
-        if c.bits == RUNTIME_BITS
-    ]
 
 
 def _compile_eager(gm, example_inputs, partitioner):
@@ -172,39 +202,25 @@ def _compile_inductor(gm, example_inputs, partitioner, mode):
     return _compat.inductor_compile_fx()(gm, example_inputs, config_patches=patches)
 
 
-_backends_by_config: dict[GactConfig, GactBackend] = {}
-
-
 def gact_entry_point(gm, example_inputs, *, options=None, mode=None):
     """``backend="gact"``: one shared ``GactBackend`` per distinct set of options."""
-    config = GactConfig.from_options(options)
-    backend = _backends_by_config.get(config)
-    if backend is None:
-        backend = _backends_by_config[config] = GactBackend(config)
-    return backend(gm, example_inputs, mode=mode)
+    return _SHARED.for_config(GactConfig.from_options(options))(gm, example_inputs, mode=mode)
 
 
-def _reset_entry_point() -> None:
-    """``torch._dynamo.reset()``: the shared backends of ``backend="gact"`` start afresh."""
-    global _last_used
-    if _last_used in _backends_by_config.values():
-        _last_used = None
-    _backends_by_config.clear()
-
-
-gact_entry_point.reset = _reset_entry_point
+# ``torch._dynamo.reset()`` calls this: the shared backends of ``backend="gact"`` start afresh.
+gact_entry_point.reset = _SHARED.reset
 
 
 def last_report() -> Report:
     """The report of the gact backend that compiled most recently (all of its graphs)."""
-    if _last_used is None:
+    if _SHARED.last_used is None:
         raise RuntimeError("no graph has been compiled with the gact backend (since the last torch._dynamo.reset())")
-    return _last_used.report()
+    return _SHARED.last_used.report()
 
 
 def backend_of(model: torch.nn.Module) -> GactBackend:
     """The live gact backend that compiled training graphs of ``model`` (compiled or not)."""
-    for backend in list(_live_backends):
+    for backend in list(_SHARED.live):
         if backend.owns(model):
             return backend
     raise LookupError("no gact backend has compiled a training step of this model (run one step first)")

@@ -21,7 +21,7 @@ from ._compat import version_counter
 from .measure import note_saved
 from .runtime import ops as _ops  # noqa: F401  (registers torch.ops.gact)
 from .runtime.reference import FLOAT_DTYPES
-from .runtime.slots import allocate_slot
+from .runtime.registry import SlotRegistry
 
 
 @dataclass(frozen=True)
@@ -35,10 +35,12 @@ class _Packed:
 class HookCompressor:
     """Packs saved tensors of a model's forward at ``bits`` (``with compressor.active(): loss = model(x)``)."""
 
-    def __init__(self, model: torch.nn.Module, *, bits: int, group_size: int, min_numel: int) -> None:
+    def __init__(
+        self, model: torch.nn.Module, *, registry: SlotRegistry, bits: int, group_size: int, min_numel: int
+    ) -> None:
         self.bits, self.group_size, self.min_numel = bits, group_size, min_numel
         self._model = model
-        self._slot = allocate_slot()
+        self._slot = registry.new_site().slot
 
     def _keep(self, tensor: torch.Tensor, parameters: set[int]) -> bool:
         if tensor.dtype != torch.bool and tensor.dtype not in FLOAT_DTYPES:

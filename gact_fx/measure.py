@@ -13,18 +13,20 @@ its own, like gact's hook fallback, reports what it keeps through ``note_saved``
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Iterable
 
 import torch
 
 from ._compat import tree_leaves
 
-_active_meters: list[SavedBytesMeter] = []
+# The meters counting in this context (a call's state: a ContextVar, not a global list).
+_ACTIVE_METERS: contextvars.ContextVar[tuple[SavedBytesMeter, ...]] = contextvars.ContextVar("gact_meters", default=())
 
 
 def note_saved(tensor: torch.Tensor) -> None:
     """Count ``tensor`` in every active meter: for saved-tensor hooks that hide the meter's."""
-    for meter in _active_meters:
+    for meter in _ACTIVE_METERS.get():
         meter._pack(tensor)
 
 
@@ -35,6 +37,7 @@ class SavedBytesMeter:
         self._excluded = {t.untyped_storage().data_ptr() for t in exclude}
         self._storages: dict[int, int] = {}
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._token: contextvars.Token | None = None
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
         storage = tensor.untyped_storage()
@@ -45,11 +48,11 @@ class SavedBytesMeter:
 
     def __enter__(self) -> SavedBytesMeter:
         self._hooks.__enter__()
-        _active_meters.append(self)
+        self._token = _ACTIVE_METERS.set((*_ACTIVE_METERS.get(), self))
         return self
 
     def __exit__(self, *exc) -> None:
-        _active_meters.remove(self)
+        _ACTIVE_METERS.reset(self._token)
         self._hooks.__exit__(*exc)
 
     def exclude(self, tensors: Iterable[torch.Tensor]) -> None:

@@ -25,8 +25,7 @@ from .passes.rewrite import apply_plan
 from .passes.saved import SavedGraph, find_saved
 from .passes.snapshot import graph_view
 from .report import GraphRecord
-from .runtime.slots import allocate_slot
-from .runtime.table import RUNTIME_BITS
+from .runtime.format import RUNTIME_BITS
 
 _GRAPH_PREFIX = re.compile(r"^g\d+/")  # ``label_prefix`` of graphs after the first
 
@@ -63,11 +62,13 @@ class GactPartitioner:
         graph_index: int,
         compiler: str,
         on_record: Callable[[GraphRecord], None],
+        allocate_slot: Callable[[], int],
     ) -> None:
         self.config = config
         self.graph_index = graph_index
         self.compiler = compiler
         self.on_record = on_record
+        self.allocate_slot = allocate_slot
 
     def _lossy_positions(self, saved: SavedGraph, options: PlanOptions) -> set[int]:
         """Positions of the saved values the plan would store below full precision."""
@@ -107,7 +108,7 @@ class GactPartitioner:
         )
         if self.config.enabled and hoist_comparisons(fw, bw, saved, self._lossy_positions(saved, options)):
             saved = find_saved(fw, bw, num_fwd_outputs, static_indices)
-        plan = plan_compression(saved, options, allocate_slot=allocate_slot)
+        plan = plan_compression(saved, options, allocate_slot=self.allocate_slot)
         plan = assign_bits(plan, bits_chooser(self.config), estimate_bits=self.config.initial_bits)
         record = GraphRecord.build(
             index=self.graph_index, compiler=self.compiler, config=self.config, baseline=baseline, saved=saved, plan=plan

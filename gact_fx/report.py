@@ -1,26 +1,33 @@
 """What gact did to each compiled graph: one row per saved value, and the totals.
 
-A ``GraphRecord`` is written by the partitioner for every graph it rewrites; a
-``Report`` gathers the records of one backend. Byte counts come from the graphs'
+A ``GraphRecord`` is written by the partitioner for every graph it rewrites, as plain
+data (Inductor goes on to rewrite the FX graphs in place, so none of their nodes are
+kept): a row per saved value and a ``CompressionRecord`` per compressed tensor. A
+``Report`` is a snapshot of one backend's records with the bit widths in force when it
+was taken (adaptive sites change theirs at run time). Byte counts come from the graphs'
 metadata (``meta["val"]``, at the sizes of the first compile when shapes are dynamic),
 deduplicated by storage root, so an alias never counts twice. Only activations
-(intermediates and graph inputs) enter the totals: parameters and outputs are saved
-by reference and cost no extra memory.
+(intermediates and graph inputs) enter the totals: parameters and outputs are saved by
+reference and cost no extra memory.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+import torch
 
 from ._compat import hint
 from .config import GactConfig
-from .passes.plan import COMPRESSIBLE_KINDS, CompressionPlan, activation_nbytes, layout_of
 from .passes.memory import Timeline
+from .passes.plan import COMPRESSIBLE_KINDS, CompressionPlan, activation_nbytes, layout_of
 from .passes.saved import SavedGraph, SavedKind
 from .passes.snapshot import GraphView
+from .runtime.format import RUNTIME_BITS
 from .runtime.ops import blob_nbytes
-from .runtime.table import RUNTIME_BITS, TABLE
 
 log = logging.getLogger("gact_fx")
 
@@ -40,10 +47,31 @@ class SavedTensorRow:
     source: str  # the forward node actually stored (the storage root when views are replayed)
     stored_numel: int  # elements of ``source`` (0 on an alias row: counted on another row)
     slot: int | None = None
+    group_size: int | None = None  # compressed rows
 
     @property
     def is_activation(self) -> bool:
         return self.kind in {k.value for k in COMPRESSIBLE_KINDS}
+
+
+@dataclass(frozen=True)
+class CompressionRecord:
+    """A compressed tensor of a graph, as plain data (a ``passes.plan.Compression`` without nodes)."""
+
+    slot: int
+    label: str  # unique human name: what overrides and the controller use
+    source: str  # the forward node quantized
+    dtype: str
+    numel: int
+    itemsize: int
+    bits: int  # RUNTIME_BITS: the site's width is set at run time
+    group_size: int
+    bytes_before: int
+    bytes_after: int
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype != "bool"
 
 
 def _producer(node) -> str:
@@ -52,15 +80,8 @@ def _producer(node) -> str:
     return getattr(node.target, "__name__", str(node.target))
 
 
-def _current_bits(compression) -> tuple[int, int]:
-    """Bits and blob bytes now: run-time-bits slots are read from the slot table."""
-    if compression.bits != RUNTIME_BITS:
-        return compression.bits, compression.bytes_after
-    bits = TABLE.bits.get(compression.slot)
-    if bits is None:
-        return compression.bits, compression.bytes_after
-    val = compression.source.meta["val"]
-    return bits, hint(blob_nbytes(layout_of(val).numel, val.dtype, bits, compression.group_size))
+def _dtype_name(val) -> str:
+    return str(val.dtype).replace("torch.", "") if hasattr(val, "dtype") else type(val).__name__
 
 
 def _rows(index: int, saved: SavedGraph, plan: CompressionPlan) -> list[SavedTensorRow]:
@@ -68,24 +89,22 @@ def _rows(index: int, saved: SavedGraph, plan: CompressionPlan) -> list[SavedTen
     for value in saved.values:
         val = value.val
         shape = tuple(layout_of(val).shape) if hasattr(val, "shape") else ()
-        dtype = str(val.dtype).replace("torch.", "") if hasattr(val, "dtype") else type(val).__name__
-        common = dict(graph=index, name=value.node.name, kind=str(value.kind), shape=shape, dtype=dtype)
+        common = dict(graph=index, name=value.node.name, kind=str(value.kind), shape=shape, dtype=_dtype_name(val))
         compression = plan.compression_for(value.position)
         if compression is not None:
             first = compression.members[0].position == value.position
-            stored = "compressed" if first else f"alias of {compression.name}"
-            bits, after = _current_bits(compression)
             rows.append(
                 SavedTensorRow(
                     **common,
-                    bits=bits,
-                    stored=stored,
+                    bits=compression.bits,
+                    stored="compressed" if first else f"alias of {compression.name}",
                     bytes_before=compression.bytes_before if first else 0,
-                    bytes_after=after if first else 0,
+                    bytes_after=compression.bytes_after if first else 0,
                     producer=_producer(compression.source),
                     source=compression.name,
                     stored_numel=layout_of(compression.source.meta["val"]).numel if first else 0,
                     slot=compression.slot,
+                    group_size=compression.group_size,
                 )
             )
             continue
@@ -106,15 +125,33 @@ def _rows(index: int, saved: SavedGraph, plan: CompressionPlan) -> list[SavedTen
     return rows
 
 
+def _compression_records(plan: CompressionPlan) -> tuple[CompressionRecord, ...]:
+    return tuple(
+        CompressionRecord(
+            slot=c.slot,
+            label=c.label,
+            source=c.name,
+            dtype=_dtype_name(c.source.meta["val"]),
+            numel=layout_of(c.source.meta["val"]).numel,
+            itemsize=c.source.meta["val"].element_size(),
+            bits=c.bits,
+            group_size=c.group_size,
+            bytes_before=c.bytes_before,
+            bytes_after=c.bytes_after,
+        )
+        for c in plan.compressions
+    )
+
+
 @dataclass
 class GraphRecord:
-    """One compiled graph: its saved values, the plan applied, and the code around it."""
+    """One compiled graph: its saved values, what was compressed, and the code around it."""
 
     index: int
     compiler: str
     config: GactConfig
-    saved: SavedGraph
-    plan: CompressionPlan
+    rows: tuple[SavedTensorRow, ...]  # the bits of adaptive sites as compiled (RUNTIME_BITS)
+    compressions: tuple[CompressionRecord, ...]
     baseline_activation_bytes: int  # what the stock partition saved, before any gact pass
     code_before: tuple[str, str] = ("", "")
     code_after: tuple[str, str] = ("", "")
@@ -126,14 +163,19 @@ class GraphRecord:
     timeline: Timeline | None = None
 
     @classmethod
-    def build(cls, *, index, compiler, config, baseline, saved, plan) -> GraphRecord:
+    def build(cls, *, index, compiler, config, baseline: SavedGraph, saved: SavedGraph, plan: CompressionPlan) -> GraphRecord:
         """``baseline``: the stock partition's saved values; ``saved``: after gact's own passes."""
-        return cls(index, compiler, config, saved, plan, activation_nbytes(baseline))
+        return cls(index, compiler, config, tuple(_rows(index, saved, plan)), _compression_records(plan),
+                   activation_nbytes(baseline))
 
     @property
-    def rows(self) -> list[SavedTensorRow]:
-        """One row per saved value, with the bits in force now."""
-        return _rows(self.index, self.saved, self.plan)
+    def activation_bytes_before(self) -> int:
+        return self.baseline_activation_bytes
+
+    @property
+    def activation_bytes_after(self) -> int:
+        """At the widths the graph was compiled with (a ``Report`` gives those in force)."""
+        return sum(r.bytes_after for r in self.rows if r.is_activation)
 
     def attach_code(self, *, before: tuple[str, str], after: tuple[str, str]) -> None:
         self.code_before, self.code_after = before, after
@@ -142,48 +184,59 @@ class GraphRecord:
         self.forward_view, self.backward_view = forward, backward
         self.baseline_timeline, self.timeline = baseline_timeline, timeline
 
-    @property
-    def activation_bytes_before(self) -> int:
-        return self.baseline_activation_bytes
 
-    @property
-    def activation_bytes_after(self) -> int:
-        return sum(r.bytes_after for r in self.rows if r.is_activation)
-
-    def summary(self) -> str:
-        compressed = [r for r in self.rows if r.stored == "compressed"]
-        line = (
-            f"gact graph {self.index} ({self.compiler}): {len(self.rows)} saved values, "
-            f"{len(compressed)} compressed; activations {format_bytes(self.activation_bytes_before)}"
-            f" -> {format_bytes(self.activation_bytes_after)}"
-        )
-        if compressed:
-            return line + f" ({_ratio(self.activation_bytes_before, self.activation_bytes_after)})"
-        reasons = sorted({r.stored for r in self.rows})
-        return line + "; nothing compressed: " + "; ".join(reasons)
+def _in_force(row: SavedTensorRow, bits: Mapping[int, int]) -> SavedTensorRow:
+    """``row`` with the bits its site runs at now, and the bytes that gives."""
+    if row.bits != RUNTIME_BITS or row.slot not in bits:
+        return row
+    width = bits[row.slot]
+    after = row.bytes_after
+    if row.stored == "compressed":
+        after = hint(blob_nbytes(row.stored_numel, getattr(torch, row.dtype), width, row.group_size))
+    return dataclasses.replace(row, bits=width, bytes_after=after)
 
 
 @dataclass
 class Report:
-    """All graphs one backend compiled, with totals over them."""
+    """A snapshot of the graphs one backend compiled, with the bits in force when it was taken."""
 
     records: list[GraphRecord] = field(default_factory=list)
+    bits_in_force: dict[int, int] = field(default_factory=dict)  # slot -> width, adaptive sites
+
+    def rows_of(self, record: GraphRecord) -> list[SavedTensorRow]:
+        return [_in_force(row, self.bits_in_force) for row in record.rows]
 
     @property
     def rows(self) -> list[SavedTensorRow]:
-        return [row for record in self.records for row in record.rows]
+        return [row for record in self.records for row in self.rows_of(record)]
+
+    def activation_bytes_after_of(self, record: GraphRecord) -> int:
+        return sum(r.bytes_after for r in self.rows_of(record) if r.is_activation)
 
     @property
     def activation_bytes_before(self) -> int:
-        return sum(r.activation_bytes_before for r in self.records)
+        return sum(r.baseline_activation_bytes for r in self.records)
 
     @property
     def activation_bytes_after(self) -> int:
-        return sum(r.activation_bytes_after for r in self.records)
+        return sum(self.activation_bytes_after_of(r) for r in self.records)
 
     @property
     def num_compressed(self) -> int:
         return sum(1 for r in self.rows if r.stored == "compressed")
+
+    def summary_of(self, record: GraphRecord) -> str:
+        rows = self.rows_of(record)
+        compressed = [r for r in rows if r.stored == "compressed"]
+        before, after = record.baseline_activation_bytes, self.activation_bytes_after_of(record)
+        line = (
+            f"gact graph {record.index} ({record.compiler}): {len(rows)} saved values, "
+            f"{len(compressed)} compressed; activations {format_bytes(before)} -> {format_bytes(after)}"
+        )
+        if compressed:
+            return line + f" ({_ratio(before, after)})"
+        reasons = sorted({r.stored for r in rows})
+        return line + "; nothing compressed: " + "; ".join(reasons)
 
     def table(self) -> str:
         header = f"{'graph':>5} {'saved':<28} {'kind':<18} {'shape':<20} {'dtype':<9} {'bits':>4} {'before':>10} {'after':>10}  stored"
@@ -217,9 +270,10 @@ def _ratio(before: int, after: int) -> str:
 
 
 def log_record(record: GraphRecord) -> None:
-    log.info(record.summary())
+    report = Report([record])
+    log.info(report.summary_of(record))
     if log.isEnabledFor(logging.DEBUG):
-        log.debug("\n%s", Report([record]).table())
+        log.debug("\n%s", report.table())
 
 
-__all__ = ["GraphRecord", "Report", "SavedTensorRow", "SavedKind", "log_record"]
+__all__ = ["CompressionRecord", "GraphRecord", "Report", "SavedTensorRow", "SavedKind", "log_record"]

@@ -59,7 +59,7 @@ def test_per_call_options_on_a_backend_object():
     backend = gact_fx.backend(level="L2")
     compiled = torch.compile(model, backend=backend, options={"level": "L1.1"})
     projection_loss(compiled(*inputs)).backward()
-    assert {c.bits for c in backend.records[0].plan.compressions if c.is_float} == {8}
+    assert {c.bits for c in backend.records[0].compressions if c.is_float} == {8}
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=backend, options={"avg_bits": 2})
     with pytest.raises(Exception, match="cannot change the adaptive settings"):

@@ -11,7 +11,7 @@ from torch._dynamo.utils import counters
 import gact_fx
 from gact_fx.allocation import quantization_variance
 from gact_fx.config import GactConfig
-from gact_fx.runtime.table import RUNTIME_BITS, TABLE
+from gact_fx.runtime.format import RUNTIME_BITS
 
 from .helpers import compiled_grads, flat_grad, model_case, projection_loss
 
@@ -22,6 +22,11 @@ def train_steps(model, inputs, backend, steps):
         model.zero_grad(set_to_none=True)
         projection_loss(compiled(*inputs)).backward()
     return compiled
+
+
+def no_probe_state(region) -> bool:
+    """No site of the region keeps an exact copy or substitutes its blob."""
+    return all(t.site.stash is None and t.site.substitute is None for t in region.tensors)
 
 
 def spearman(a: dict, b: dict) -> float:
@@ -54,7 +59,7 @@ def test_adaptation_respects_the_budget_logs_and_never_recompiles(caplog):
     adapted = [m for m in caplog.messages if m.startswith("gact adapted graph 0")]
     assert len(adapted) == region.adaptations and "budget 2.00" in adapted[0]
     assert counters["stats"]["unique_graphs"] == 1
-    assert TABLE.stash == {} and all(slot not in TABLE.decode for slot in (t.slot for t in region.tensors))
+    assert no_probe_state(region)
     rows = {r.slot: r.bits for r in backend.report().rows if r.slot is not None}
     assert all(rows[t.slot] == t.bits for t in region.tensors)  # the report shows the bits in force
 
@@ -103,7 +108,7 @@ def test_overrides_pin_tensors_outside_the_adaptive_budget():
     backend = gact_fx.backend(avg_bits=2, probe_tensors=100, overrides={"ln*": 8, "gelu": 32})
     compiled_grads(model, inputs, backend)
     bits = {r.source: r.bits for r in backend.report().rows if r.stored == "compressed" and r.dtype != "bool"}
-    labels = {c.name: c.label for c in backend.records[0].plan.compressions}
+    labels = {c.source: c.label for c in backend.records[0].compressions}
     by_label = {labels[k]: v for k, v in bits.items()}
     assert by_label["ln1:layer_norm"] == by_label["ln2:layer_norm"] == 8 and by_label["gelu"] == 32
     assert set(backend.controller.bits()) == set(by_label) - {"ln1:layer_norm", "ln2:layer_norm", "gelu"}
@@ -113,7 +118,7 @@ def test_uniform_overrides():
     model, inputs = model_case("block")
     backend = gact_fx.backend(bits=2, overrides={"*linear": 8})
     compiled_grads(model, inputs, backend)
-    by_label = {c.label: c.bits for c in backend.records[0].plan.compressions}
+    by_label = {c.label: c.bits for c in backend.records[0].compressions}
     assert by_label["qkv:linear"] == by_label["fc1:linear"] == 8 and by_label["gelu"] == 2
     assert backend.controller is None
 
@@ -147,7 +152,7 @@ def test_the_controller_is_reachable_from_the_model():
     projection_loss(compiled(*inputs)).backward()
     assert gact_fx.controller(compiled) is gact_fx.controller(model)
     (record,) = gact_fx.report(model).records
-    runtime_bits = {c.label for c in record.plan.compressions if c.bits == RUNTIME_BITS}
+    runtime_bits = {c.label for c in record.compressions if c.bits == RUNTIME_BITS}
     assert set(gact_fx.controller(model).bits()) == runtime_bits
     other = torch.nn.Linear(3, 3)
     with pytest.raises(LookupError, match="no gact backend has compiled"):
@@ -176,7 +181,7 @@ def test_a_block_compiled_once_and_called_three_times_per_step(compiler):
     (region,) = backend.controller.regions.values()
     assert region.adaptations >= 2 and region.in_flight is None
     assert all(t.sensitivity > 0 for t in region.tensors)
-    assert TABLE.stash == {} and not any(t.slot in TABLE.decode for t in region.tensors)
+    assert no_probe_state(region)
 
 
 def test_a_probe_whose_outputs_are_dropped_without_backward_ends():
@@ -185,16 +190,16 @@ def test_a_probe_whose_outputs_are_dropped_without_backward_ends():
     compiled = torch.compile(model, backend=backend, fullgraph=True)
     kept = compiled(*inputs)  # a probe step; its backward never runs
     (region,) = backend.controller.regions.values()
-    assert region.in_flight is not None and TABLE.stash
+    assert region.in_flight is not None and not no_probe_state(region)
     compiled(*inputs).sum()  # no second probe while one is in flight
-    assert sum(t.slot in TABLE.stash for t in region.tensors) == 1
+    assert sum(t.site.stash is not None for t in region.tensors) == 1
     dropped = weakref.ref(kept)
     del kept  # autograd frees the graph: the probe ends with it, no gc needed
-    assert dropped() is None and region.in_flight is None and TABLE.stash == {}
+    assert dropped() is None and region.in_flight is None and no_probe_state(region)
     for _ in range(len(region.tensors)):
         model.zero_grad(set_to_none=True)
         projection_loss(compiled(*inputs)).backward()
-    assert region.fully_measured and region.in_flight is None and TABLE.stash == {}
+    assert region.fully_measured and region.in_flight is None and no_probe_state(region)
 
 
 class TwoGraphs(torch.nn.Module):
@@ -211,5 +216,5 @@ class TwoGraphs(torch.nn.Module):
 def test_an_override_names_a_tensor_of_a_later_graph_without_its_prefix():
     backend = gact_fx.backend(bits=2, overrides={"b:linear": 8})
     torch.compile(TwoGraphs(), backend=backend)(torch.randn(512, 64, requires_grad=True)).sum().backward()
-    first, second = ({c.label: c.bits for c in r.plan.compressions} for r in backend.records)
+    first, second = ({c.label: c.bits for c in r.compressions} for r in backend.records)
     assert first["a:linear"] == 2 and second["g1/b:linear"] == 8

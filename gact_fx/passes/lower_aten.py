@@ -3,7 +3,7 @@
 The second lowering (``lowering="aten"``): each ``gact::quantize`` becomes the traced
 ``runtime.aten_codec.encode`` and each ``gact::dequantize`` the traced ``decode``, so that
 Inductor can fuse them with the producing and consuming kernels. The forward gets one
-``gact::seeds`` call for all its slots. Traced with ``make_fx`` over the graphs' own fake
+``gact::keys`` call for all its slots. Traced with ``make_fx`` over the graphs' own fake
 values, with Inductor's decompositions, so dynamic sizes stay symbolic. Needs bits
 fixed at compile time (run-time bits stay on the opaque ops).
 """
@@ -15,11 +15,11 @@ import torch.fx as fx
 
 from .._compat import detect_fake_mode, inductor_decompositions, rename_node, trace_with_fake_values
 from ..runtime import aten_codec
-from ..runtime.table import RUNTIME_BITS
+from ..runtime.format import RUNTIME_BITS
 from .rewrite import DEQUANTIZE, QUANTIZE
 from .section import finish, name_in_both, set_val
 
-SEEDS = torch.ops.gact.seeds.default
+KEYS = torch.ops.gact.keys.default
 
 
 def _check_functional(sub: fx.GraphModule) -> None:
@@ -47,8 +47,8 @@ def _inline(graph: fx.Graph, sub: fx.GraphModule, inputs: list[fx.Node], before:
 
 
 def _encoder(perm, bits, group_size):
-    def encode(x, seed):
-        return aten_codec.encode(x, perm, bits, group_size, seed)
+    def encode(x, key):
+        return aten_codec.encode(x, perm, bits, group_size, key)
 
     return encode
 
@@ -69,21 +69,22 @@ def _lower_quantizes(fw: fx.GraphModule, bw: fx.GraphModule, fake_mode, decompos
     if any(q.args[1] == RUNTIME_BITS for q in quantizes):
         raise ValueError("lowering='aten' needs bits fixed at compile time; adaptive bits use the gact:: ops")
     device = quantizes[0].args[0].meta["val"].device
+    slots = [q.args[4] for q in quantizes]
     with fw.graph.inserting_after(fw.graph.find_nodes(op="placeholder")[-1]):
-        seeds = fw.graph.call_function(SEEDS, ([q.args[4] for q in quantizes], device))
+        keys = fw.graph.call_function(KEYS, (slots, device))
     with fake_mode:
-        set_val(seeds, SEEDS([q.args[4] for q in quantizes], device))
+        set_val(keys, KEYS(slots, device))
     for index, node in enumerate(quantizes):
         source, bits, group_size, perm, _ = node.args
         with fw.graph.inserting_before(node):
-            seed = fw.graph.call_function(torch.ops.aten.select.int, (seeds, 0, index))
+            key = fw.graph.call_function(torch.ops.aten.select.int, (keys, 0, index))
         with fake_mode:
-            set_val(seed, seeds.meta["val"][index])
+            set_val(key, keys.meta["val"][index])
 
         traced = trace_with_fake_values(
-            _encoder(perm, bits, group_size), [source.meta["val"], seed.meta["val"]], fake_mode, decompositions
+            _encoder(perm, bits, group_size), [source.meta["val"], key.meta["val"]], fake_mode, decompositions
         )
-        blob = _inline(fw.graph, traced, [source, seed], node, "quantize")
+        blob = _inline(fw.graph, traced, [source, key], node, "quantize")
         blob.meta["gact"] = dict(node.meta["gact"])
         node.replace_all_uses_with(blob)
         fw.graph.erase_node(node)

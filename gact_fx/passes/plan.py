@@ -19,7 +19,7 @@ import torch.fx as fx
 from .._compat import hint
 from ..runtime.ops import blob_nbytes
 from ..runtime.reference import FLOAT_DTYPES
-from ..runtime.table import RUNTIME_BITS
+from ..runtime.format import RUNTIME_BITS
 from .names import unique_names
 from .saved import SavedGraph, SavedKind, SavedValue
 from .views import AliasPath, foreign_inputs, is_symint_node

@@ -22,7 +22,7 @@ from .._compat import (
     unbacked_bindings,
 )
 from ..runtime import ops as _ops  # noqa: F401  (registers torch.ops.gact)
-from ..runtime.table import RUNTIME_BITS
+from ..runtime.format import RUNTIME_BITS
 from .plan import Compression, CompressionPlan
 from .saved import SavedGraph, output_node
 from .section import SavedSection, finish, set_val

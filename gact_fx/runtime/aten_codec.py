@@ -4,10 +4,10 @@
 the reference's branch-free ``encode_groups`` / ``decode_groups``); ``passes.lower_aten``
 traces them into the graphs in place of the opaque ``gact::`` ops, so Inductor can fuse
 the min/max reduction into the kernel that produced the activation and the decode into
-the kernel that consumes it. The rounding noise is ``prims.inductor_random`` keyed by a
-per-call seed tensor (``gact::seeds``, in ``runtime.ops``): Philox inside Inductor's kernels, never torch's
-global generator. Only meaningful under Inductor (eagerly, that prim ignores the seed),
-and only for bit widths fixed at compile time.
+the kernel that consumes it. The rounding noise is ``runtime.noise``'s hash, traced too,
+keyed by the call's key tensor (``gact::keys``, read on the device): the same noise as
+the ops' kernels, so both lowerings write the same blob. Only for bit widths fixed at
+compile time.
 """
 
 from __future__ import annotations
@@ -17,20 +17,17 @@ from collections.abc import Sequence
 
 import torch
 
-from .. import _compat
 from . import format as fmt
+from .noise import rounding_noise
 from .ops import inverse_permutation
 from .reference import decode_bool, decode_groups, decode_raw, encode_groups, quantize_reference
 
-_compat.register_inductor_random()  # the aten path only: this module is imported by passes.lower_aten
 
-
-def encode(x: torch.Tensor, perm: Sequence[int], bits: int, group_size: int, seed: torch.Tensor) -> torch.Tensor:
+def encode(x: torch.Tensor, perm: Sequence[int], bits: int, group_size: int, key: torch.Tensor) -> torch.Tensor:
     flat = x.permute(list(perm)).reshape(-1)
     if x.dtype == torch.bool or bits == fmt.PASS_THROUGH_BITS:
         return quantize_reference(flat, bits, group_size, None)
-    groups = fmt.num_groups(flat.numel(), group_size)
-    noise = torch.ops.prims.inductor_random([groups, group_size], seed, "rand")
+    noise = rounding_noise(fmt.num_groups(flat.numel(), group_size), group_size, key)
     return encode_groups(flat, bits, group_size, noise)
 
 

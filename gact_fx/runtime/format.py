@@ -12,26 +12,45 @@ permutation (see ``runtime.ops``):
 
       G = ceil(N / group_size)
       [ scale : G x float32 ][ min : G x float32 ][ codes : G*group_size*bits/8 bytes ]
-      [ zero padding to a multiple of 8 bytes ][ tag : tag_bytes(bits) bytes ]
+      [ zero padding to a multiple of 8 bytes ][ probe token: 8 bytes, probe blobs only ]
+      [ tag : tag_bytes(bits) bytes ]
 
-  Element ``i`` of group ``g`` decodes as ``min[g] + code * scale[g]``. Codes are
-  packed little-endian inside each byte: element ``k`` of a byte sits at bit
-  ``(k * bits) % 8``. The last group is padded with copies of the last element.
-  Codes come from stochastic rounding, ``floor((x - min) / scale + u)``, ``u ~ U[0, 1)``,
-  so ``E[decode] == x``; a constant group stores ``scale = 1`` and codes 0.
-  Scales and mins are float32 whatever the input dtype, so fp16 ranges cannot overflow.
+  With ``L = 2**bits - 1``, element ``i`` of group ``g`` decodes as ``min[g] + code *
+  scale[g]``. Codes are packed little-endian inside each byte: element ``k`` of a byte
+  sits at bit ``(k * bits) % 8``. The last group is padded with copies of the last
+  element. Codes come from stochastic rounding, ``floor((x - min) / scale + u)`` with
+  ``u`` from ``runtime.noise``, so ``E[decode] == x``; a constant group stores ``scale =
+  1`` and codes 0. Scales and mins are float32 whatever the input dtype, so fp16 ranges
+  cannot overflow.
+
+  *Special values* (``SPECIAL_KINDS``): -inf, +inf, and the dtype's extremes
+  ``-finfo.max`` / ``+finfo.max`` (attention masks, padding) come back exactly, at
+  their positions. A group holding them stores its scale word negated, with the kind of
+  its special value in the two low mantissa bits (the scale rounded up first, so it
+  still covers the range); code ``L`` then means "the special value", and the group's
+  other values quantize as usual over codes ``0 .. L-1``. No extra bytes. Such a group
+  is poisoned (decodes to NaN) only where it cannot be honest: two different kinds of
+  special value in one group, or at 1 bit, where ``L - 1 = 0`` leaves no code for
+  other values that are not all equal.
+  *NaN* poisons its group: the scale word is NaN and the group decodes to NaN, so a
+  gradient that is non-finite without gact stays non-finite.
 * ``bits == 32`` (pass-through): the raw bytes of the tensor in its own dtype.
 * ``torch.bool`` (dropout and ReLU masks): 1 bit per element, lossless, no scales.
 
 The tag makes every blob self-describing from its *length* alone:
 ``blob.numel() % 8`` is 1, 2, 3, 4 or 5 for 1, 2, 4, 8 or 32 bits (bool blobs use 1).
 Reading the bits therefore needs no device-to-host copy, which is what lets bits
-change at run time without a recompile.
+change at run time without a recompile. A blob written for a sensitivity probe carries
+8 more bytes before its tag, an identity token (``runtime.registry``): only the probed
+call's blob is then ever substituted, whatever its contents.
 """
 
 from __future__ import annotations
 
 SUPPORTED_BITS = (1, 2, 4, 8, 32)
+RUNTIME_BITS = 0  # ``gact::quantize(..., bits=RUNTIME_BITS)``: the site's width is read at run time
+SPECIAL_KINDS = ("-inf", "+inf", "-max", "+max")  # kind k sits in the low 2 bits of a flagged scale
+TOKEN_BYTES = 8
 PASS_THROUGH_BITS = 32
 METADATA_BYTES_PER_GROUP = 8  # float32 scale + float32 min
 _ALIGN = 8
@@ -86,6 +105,11 @@ def float_blob_nbytes(numel, bits: int, group_size: int, itemsize: int):
 def bool_blob_nbytes(numel):
     """Length in bytes of the blob of a bool tensor (1 bit per element, lossless)."""
     return _round_up((numel + 7) // 8, _ALIGN) + _TAG_BY_BITS[1]
+
+
+def token_offset(nbytes: int) -> int:
+    """Where a probe blob of ``nbytes`` keeps its token (its last 8 bytes before the tag)."""
+    return nbytes - nbytes % _ALIGN - TOKEN_BYTES
 
 
 def bits_from_blob_nbytes(nbytes: int) -> int:

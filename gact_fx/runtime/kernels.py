@@ -1,10 +1,14 @@
 """Which implementation encodes and decodes blobs: Triton on CUDA, the torch reference elsewhere.
 
-Both write the same format (``runtime.format``). ``GACT_FX_KERNELS=triton`` forces the
-Triton kernels on any device (with ``TRITON_INTERPRET=1`` that is how they run on a CPU
-in tests), ``GACT_FX_KERNELS=reference`` forces the reference; unset, Triton serves CUDA
-tensors when it is installed. Triton is imported on first use, never at import time.
-bool masks and 32-bit pass-through always take the reference path (a copy or a bit-pack).
+All write the same format (``runtime.format``) with the same noise (``runtime.noise``),
+bit for bit. ``GACT_FX_KERNELS=triton`` forces the Triton kernels on any device (with
+``TRITON_INTERPRET=1`` that is how they run on a CPU in tests), ``GACT_FX_KERNELS=reference``
+forces the reference; unset, Triton serves CUDA tensors when it is installed. Triton is
+imported on first use, never at import time. bool masks and 32-bit pass-through always
+take the reference path (a copy or a bit-pack).
+
+A call's noise comes from ``state`` (a site's ``[slot_key, count]`` on the device; the
+caller advances it) or from an explicit ``key`` (``[k0, k1]``).
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ import os
 import torch
 
 from . import format as fmt
-from .reference import dequantize_reference, quantize_reference, rounding_noise
+from .noise import call_key, rounding_noise
+from .reference import dequantize_reference, quantize_reference
 
 CHOICES = ("auto", "triton", "reference")
 
@@ -44,15 +49,15 @@ def uses_triton(tensor: torch.Tensor, bits: int) -> bool:
     return choice == "auto" and tensor.device.type == "cuda" and triton_installed()
 
 
-def encode(flat: torch.Tensor, bits: int, group_size: int, seed: int) -> torch.Tensor:
-    """Blob of a 1-D tensor, with rounding noise drawn from ``seed``."""
+def encode(flat: torch.Tensor, bits: int, group_size: int, *, state=None, key=None) -> torch.Tensor:
+    """Blob of a 1-D tensor, its noise keyed by a site's ``state`` or by ``key``."""
     if uses_triton(flat, bits):
         from . import triton_kernels
 
-        return triton_kernels.quantize(flat.contiguous(), bits, group_size, seed)
+        return triton_kernels.quantize(flat.contiguous(), bits, group_size, state=state, key=key)
     noise = None
     if flat.dtype != torch.bool and bits != fmt.PASS_THROUGH_BITS and flat.numel():
-        noise = rounding_noise(fmt.num_groups(flat.numel(), group_size), group_size, seed, flat.device)
+        noise = rounding_noise(fmt.num_groups(flat.numel(), group_size), group_size, call_key(state) if key is None else key)
     return quantize_reference(flat, bits, group_size, noise)
 
 

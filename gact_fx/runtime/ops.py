@@ -5,25 +5,31 @@
     taken in the *logical* order of ``x.permute(perm)``, never in memory order, so the
     result does not depend on the strides the compiler picked for ``x``; ``perm`` is
     chosen by the pass so that this permute is a no-op for the layout seen at compile
-    time. ``slot`` names the saved-tensor site; it picks the rounding seed
-    (``runtime.seeds``). bool tensors are packed losslessly at 1 bit whatever ``bits``.
-    ``bits == 0`` (``runtime.table.RUNTIME_BITS``) reads the width from the slot table at
-    run time; the blob's length is then a data-dependent (unbacked) size.
+    time. ``slot`` names the saved-tensor site (``runtime.registry``): its rounding
+    noise is keyed by a counter that lives on the device and advances there, so CUDA
+    graph replays draw fresh noise. bool tensors are packed losslessly at 1 bit
+    whatever ``bits``. ``bits == RUNTIME_BITS`` reads the site's width at run time; the
+    blob's length is then a data-dependent (unbacked) size. On a probe's forward call
+    (``registry.STASHING``) the op also keeps an exact copy and marks the blob with a
+    token.
 
-``gact::seeds(int[] slots, Device device) -> Tensor``
-    One fresh rounding seed per slot (int64), for the aten lowering
-    (``runtime.aten_codec``), whose noise comes from Inductor's Philox keyed by them.
+``gact::keys(int[] slots, Device device) -> Tensor``
+    The next rounding key ``[k0, k1]`` of each site (int64, ``len(slots) x 2``), for the
+    aten lowering (``runtime.aten_codec``), which draws the same noise in traced ops.
 
 ``gact::dequantize(Tensor blob, SymInt[] shape, ScalarType dtype, int group_size, int[] perm, int slot) -> Tensor``
     Decodes a blob to a tensor of ``shape`` and ``dtype`` whose strides are compact in
     the dimension order ``perm`` (the original strides whenever the original tensor was
     dense). The bit width is read from the blob's length, so it needs no host sync.
-    During a sensitivity probe the slot table may substitute the slot's exact values.
+    While a probe measures, the probed call's blob (and only it: its token says so) is
+    replaced by the exact copy or a re-quantization of it.
 
-Both ops are functional (no mutation, outputs never alias inputs) and have fake
-implementations, so they trace under FakeTensor and dynamic shapes and pass
-``torch.library.opcheck``. ``quantize`` carries ``needs_exact_strides`` so Inductor
-hands it its input in the compile-time layout (and the permute stays free).
+Both ops are functional as far as the graph can see (outputs never alias inputs; the
+noise counter is state of the site, like a generator's) and have fake implementations,
+so they trace under FakeTensor and dynamic shapes and pass ``torch.library.opcheck``
+(with the site pinned). ``quantize`` carries ``needs_exact_strides`` so Inductor hands
+it its input in the compile-time layout (and the permute stays free), and
+``nondeterministic_seeded`` so no pass merges or recomputes it.
 """
 
 from __future__ import annotations
@@ -35,8 +41,10 @@ import torch
 
 from . import format as fmt
 from .kernels import decode, encode
-from .seeds import DEFAULT_SEEDS
-from .table import EXACT, RUNTIME_BITS, TABLE
+from .registry import DIRECTORY, EXACT, STASHING, Stash, attach_token, token_of
+from .noise import key_of
+
+RUNTIME_BITS = fmt.RUNTIME_BITS
 
 
 def inverse_permutation(perm: Sequence[int]) -> list[int]:
@@ -58,25 +66,21 @@ def blob_nbytes(numel, dtype: torch.dtype, bits: int, group_size: int):
     "gact::quantize",
     mutates_args=(),
     schema="(Tensor x, int bits, int group_size, int[] perm, int slot) -> Tensor",
-    tags=(torch.Tag.needs_exact_strides,),
+    tags=(torch.Tag.needs_exact_strides, torch.Tag.nondeterministic_seeded),
 )
-def quantize(
-    x: torch.Tensor, bits: int, group_size: int, perm: Sequence[int], slot: int
-) -> torch.Tensor:
+def quantize(x: torch.Tensor, bits: int, group_size: int, perm: Sequence[int], slot: int) -> torch.Tensor:
+    site = DIRECTORY.site(slot)
     flat = x.permute(list(perm)).reshape(-1)
     if bits == RUNTIME_BITS:
-        bits = TABLE.bits_for(slot)
-    blob = encode(flat, bits, group_size, DEFAULT_SEEDS.next_seed(slot))
-    if slot in TABLE.stash_slots:
-        TABLE.stash[slot] = flat.clone()  # a copy: the compiler may reuse x's buffer
-        TABLE.stash_owner[slot] = _fingerprint(blob)
+        bits = site.runtime_bits()
+    state = site.rng_state(flat.device)
+    blob = encode(flat, bits, group_size, state=state)
+    site.advance(state)
+    if slot in STASHING.get():
+        token = site.registry.new_token()
+        site.stash = Stash(flat.clone(), token)  # a copy: the compiler may reuse x's buffer
+        blob = attach_token(blob, token)
     return blob
-
-
-def _fingerprint(blob: torch.Tensor) -> tuple:
-    """Which call made ``blob``: its length and leading bytes (the first groups' min and
-    scale). Not its address: offloading copies blobs to the CPU and back."""
-    return blob.numel(), tuple(blob[:32].tolist())
 
 
 @quantize.register_fake
@@ -86,6 +90,21 @@ def _quantize_fake(x, bits, group_size, perm, slot):
     else:
         nbytes = blob_nbytes(x.numel(), x.dtype, bits, group_size)
     return x.new_empty((nbytes,), dtype=torch.uint8)
+
+
+def _substitute(site, blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int) -> torch.Tensor | None:
+    """The probe's replacement for ``blob`` if it is the probed call's, else None."""
+    if site.substitute is None or site.stash is None:
+        return None
+    bits = fmt.bits_from_blob_nbytes(blob.numel())
+    if token_of(blob, blob_nbytes(numel, dtype, bits, group_size)) != site.stash.token:
+        return None  # another call of the same graph (a block called N times per step)
+    stashed = site.stash.values
+    if site.substitute is EXACT:
+        return stashed.clone()  # a copy: the backward may write into its inputs
+    requantize = site.substitute
+    blob = encode(stashed, requantize.bits, group_size, key=key_of(*requantize.key, device=stashed.device))
+    return decode(blob, stashed.numel(), dtype, group_size)
 
 
 @torch.library.custom_op(
@@ -101,17 +120,10 @@ def dequantize(
     perm: Sequence[int],
     slot: int,
 ) -> torch.Tensor:
-    # Only the probed call's blob is overridden: a graph called twice per step shares slots.
-    override = TABLE.decode.get(slot)
-    if override is not None and TABLE.stash_owner.get(slot) != _fingerprint(blob):
-        override = None
-    if override is None:
-        flat = decode(blob, math.prod(shape), dtype, group_size)
-    elif override is EXACT:
-        flat = TABLE.stash[slot].clone()  # a copy: the backward may write into its inputs
-    else:
-        stashed = TABLE.stash[slot]
-        flat = decode(encode(stashed, override.bits, group_size, override.seed), stashed.numel(), dtype, group_size)
+    numel = math.prod(shape)
+    flat = _substitute(DIRECTORY.site(slot), blob, numel, dtype, group_size)
+    if flat is None:
+        flat = decode(blob, numel, dtype, group_size)
     return flat.view([shape[dim] for dim in perm]).permute(inverse_permutation(perm))
 
 
@@ -121,11 +133,16 @@ def _dequantize_fake(blob, shape, dtype, group_size, perm, slot):
     return permuted.permute(inverse_permutation(perm))
 
 
-@torch.library.custom_op("gact::seeds", mutates_args=(), schema="(int[] slots, Device device) -> Tensor")
-def seeds(slots: Sequence[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor([DEFAULT_SEEDS.next_seed(s) for s in slots], dtype=torch.int64, device=device)
+@torch.library.custom_op(
+    "gact::keys", mutates_args=(), schema="(int[] slots, Device device) -> Tensor",
+    tags=(torch.Tag.nondeterministic_seeded,),
+)
+def keys(slots: Sequence[int], device: torch.device) -> torch.Tensor:
+    if not slots:
+        return torch.empty(0, 2, dtype=torch.int64, device=device)
+    return torch.stack([DIRECTORY.site(slot).next_key(torch.device(device)) for slot in slots])
 
 
-@seeds.register_fake
-def _seeds_fake(slots, device):
-    return torch.empty(len(slots), dtype=torch.int64, device=device)
+@keys.register_fake
+def _keys_fake(slots, device):
+    return torch.empty(len(slots), 2, dtype=torch.int64, device=device)

@@ -1,9 +1,10 @@
-"""Torch reference implementation of the packed format: the CPU path and the test oracle.
+"""Torch reference implementation of the packed format: a CPU path and the test oracle.
 
 Plain tensor code that runs on any device. It works on a 1-D tensor already taken in
 logical order (``runtime.ops`` does the permuting); the rounding noise is an explicit
-argument so that other implementations (the Triton kernels) can be checked code for
-code against it. The format itself is described in ``runtime.format``.
+argument (``runtime.noise`` draws it), so the other implementations (the Triton and CPU
+kernels, the aten lowering) can be checked bit for bit against it. The format itself,
+special values included, is described in ``runtime.format``.
 
 ``encode_groups`` / ``decode_groups`` hold the float codec with no Python branch on a
 size, so they also trace into graphs under dynamic shapes (``runtime.aten_codec``).
@@ -16,14 +17,10 @@ import torch
 from . import format as fmt
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_FP32_MAX = torch.finfo(torch.float32).max
-
-
-def rounding_noise(groups: int, group_size: int, seed: int, device) -> torch.Tensor:
-    """Uniform [0, 1) noise for stochastic rounding, reproducible from ``seed``."""
-    generator = torch.Generator(device=device)
-    generator.manual_seed(seed)
-    return torch.rand(groups, group_size, generator=generator, device=device)
+# Scales stay below this, so that rounding a flagged scale up to a multiple of 4 ulps
+# (to make room for the special kind) never reaches +inf.
+SCALE_MAX = torch.tensor(0x7F7FFFFC, dtype=torch.int32).view(torch.float32).item()
+_KIND_MASK = 3
 
 
 def group_view(flat: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -34,25 +31,58 @@ def group_view(flat: torch.Tensor, group_size: int) -> torch.Tensor:
     return values.view(-1, group_size)
 
 
-def group_scale_and_min(groups: torch.Tensor, bits: int):
-    """Per-group scale and min; non-finite groups get a NaN scale so they decode to NaN."""
+def special_kinds(groups: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which elements are special (±inf, ±finfo(dtype).max) and their kind (0..3)."""
+    infinite = torch.isinf(groups)
+    special = infinite | (groups.abs() == torch.finfo(dtype).max)
+    kind = (groups > 0).to(torch.int32) + 2 * (~infinite).to(torch.int32)
+    return special, kind
+
+
+def special_value(kind: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The value of each special kind (float32, exact in ``dtype``); no tensor constant, so traceable."""
+    extreme = torch.where(kind >= 2, torch.finfo(dtype).max, float("inf"))
+    return torch.where((kind & 1) == 1, extreme, -extreme)
+
+
+def group_parameters(groups: torch.Tensor, bits: int, dtype: torch.dtype):
+    """Per group: the scale word to store, the scale codes use, the min, the top normal
+    code, and the special mask and poison flag; see ``runtime.format``."""
     levels = 2**bits - 1
-    group_min = groups.amin(dim=1)
-    group_max = groups.amax(dim=1)
+    special, kind = special_kinds(groups, dtype)
+    flagged = special.any(dim=1)
+    only_special = special.all(dim=1)
+    inf = torch.full_like(groups, float("inf"))
+    group_min = torch.where(special, inf, groups).amin(dim=1)  # NaN propagates: it poisons
+    group_max = torch.where(special, -inf, groups).amax(dim=1)
+    group_min = torch.where(only_special, torch.zeros_like(group_min), group_min)
+    group_max = torch.where(only_special, torch.zeros_like(group_max), group_max)
+    kind_low = torch.where(special, kind, torch.full_like(kind, 4)).amin(dim=1)
+    kind_high = torch.where(special, kind, torch.full_like(kind, -1)).amax(dim=1)
+    top = levels - flagged.to(torch.int32)  # flagged groups keep code L for the special value
     # Halving first keeps max - min finite for any finite inputs.
     half_range = group_max * 0.5 - group_min * 0.5
-    scale = (half_range / (levels * 0.5)).clamp(max=_FP32_MAX)
-    finite = torch.isfinite(group_min) & torch.isfinite(group_max)
+    scale = (half_range / (top * 0.5)).clamp(max=SCALE_MAX)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    scale = torch.where(finite, scale, torch.full_like(scale, float("nan")))
-    return scale, group_min
+    raw = scale.view(torch.int32)
+    rounded = ((raw + _KIND_MASK) & ~_KIND_MASK) | kind_low.clamp(0, _KIND_MASK)
+    used = torch.where(flagged, rounded.view(torch.float32), scale)
+    poison = (
+        torch.isnan(group_min) | torch.isnan(group_max) | (flagged & (kind_low != kind_high))
+        | (flagged & (top == 0) & (group_max > group_min))
+    )
+    word = torch.where(flagged, -used, used)
+    word = torch.where(poison, torch.full_like(word, float("nan")), word)
+    return word, used, group_min, top, special, poison
 
 
-def quantize_codes(groups, scale, group_min, bits: int, noise) -> torch.Tensor:
+def quantize_codes(groups, used, group_min, top, special, poison, bits: int, noise) -> torch.Tensor:
     """Stochastically rounded integer codes, ``(G, group_size)`` uint8."""
-    levels = 2**bits - 1
-    normalized = (groups * 0.5 - group_min[:, None] * 0.5) / (scale[:, None] * 0.5)
-    codes = torch.floor(normalized + noise).clamp(0, levels)  # functional: it is traced into graphs
+    normalized = (groups * 0.5 - group_min[:, None] * 0.5) / (used[:, None] * 0.5)
+    codes = torch.floor(normalized + noise)
+    codes = torch.minimum(codes.clamp(min=0), top[:, None].to(codes.dtype))  # functional: traced into graphs
+    codes = torch.where(special, torch.full_like(codes, 2**bits - 1), codes)
+    codes = torch.where(poison[:, None], torch.zeros_like(codes), codes)
     return torch.nan_to_num(codes, nan=0.0).to(torch.uint8)
 
 
@@ -79,9 +109,9 @@ def unpack_codes(packed: torch.Tensor, bits: int) -> torch.Tensor:
 def encode_groups(flat: torch.Tensor, bits: int, group_size: int, noise: torch.Tensor) -> torch.Tensor:
     """Blob of a non-empty 1-D float tensor at ``bits`` in {1, 2, 4, 8}; branch-free."""
     groups = group_view(flat, group_size)
-    scale, group_min = group_scale_and_min(groups, bits)
-    codes = quantize_codes(groups, scale, group_min, bits, noise)
-    body = torch.cat([scale.view(torch.uint8), group_min.view(torch.uint8), pack_codes(codes, bits)])
+    word, used, group_min, top, special, poison = group_parameters(groups, bits, flat.dtype)
+    codes = quantize_codes(groups, used, group_min, top, special, poison, bits, noise)
+    body = torch.cat([word.view(torch.uint8), group_min.view(torch.uint8), pack_codes(codes, bits)])
     total = fmt.float_blob_nbytes(flat.numel(), bits, group_size, flat.element_size())
     return torch.cat([body, body.new_zeros(total - body.numel())])  # padding and tag
 
@@ -89,11 +119,15 @@ def encode_groups(flat: torch.Tensor, bits: int, group_size: int, noise: torch.T
 def decode_groups(blob: torch.Tensor, numel, dtype: torch.dtype, group_size: int, bits: int) -> torch.Tensor:
     """Inverse of ``encode_groups``; branch-free."""
     groups = fmt.num_groups(numel, group_size)
-    scale = blob[: groups * 4].view(torch.float32)
+    word = blob[: groups * 4].view(torch.float32)
     group_min = blob[groups * 4 : groups * fmt.METADATA_BYTES_PER_GROUP].view(torch.float32)
     start = groups * fmt.METADATA_BYTES_PER_GROUP
     codes = unpack_codes(blob[start : start + groups * (group_size * bits // 8)], bits).view(-1, group_size)
+    scale = word.abs()
     values = codes.float() * scale[:, None] + group_min[:, None]
+    kind = scale.view(torch.int32) & _KIND_MASK
+    special = (word < 0)[:, None] & (codes == 2**bits - 1)
+    values = torch.where(special, special_value(kind, dtype)[:, None], values)
     return values.reshape(-1)[:numel].to(dtype)
 
 

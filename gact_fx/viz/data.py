@@ -38,7 +38,7 @@ def _saved_edges(record: GraphRecord) -> list[dict]:
     ]
 
 
-def graph_data(record: GraphRecord, sensitivities: dict[int, float]) -> dict:
+def graph_data(report: Report, record: GraphRecord, sensitivities: dict[int, float]) -> dict:
     positions = layout(record.forward_view, record.backward_view)
     rows = [
         {
@@ -54,14 +54,14 @@ def graph_data(record: GraphRecord, sensitivities: dict[int, float]) -> dict:
             "after": row.bytes_after,
             "sensitivity": sensitivities.get(row.slot) if row.slot is not None else None,
         }
-        for row in record.rows
+        for row in report.rows_of(record)
     ]
     return {
         "index": record.index,
         "compiler": record.compiler,
-        "summary": record.summary(),
-        "before": record.activation_bytes_before,
-        "after": record.activation_bytes_after,
+        "summary": report.summary_of(record),
+        "before": record.baseline_activation_bytes,
+        "after": report.activation_bytes_after_of(record),
         "rows": rows,
         "timeline": {
             "forwardNodes": len(record.forward_view.nodes),
@@ -79,5 +79,5 @@ def report_data(report: Report, title: str, sensitivities: dict[int, float]) -> 
         "title": title,
         "before": report.activation_bytes_before,
         "after": report.activation_bytes_after,
-        "graphs": [graph_data(record, sensitivities) for record in report.records if record.forward_view is not None],
+        "graphs": [graph_data(report, record, sensitivities) for record in report.records if record.forward_view is not None],
     }

@@ -1,35 +1,51 @@
 """The aten lowering: gact:: ops replaced by plain aten ops that Inductor can fuse."""
 
-import itertools
-
 import pytest
 import torch
 
-from gact_fx.passes.lower_aten import SEEDS, lower_to_aten
+from gact_fx.passes.lower_aten import KEYS, lower_to_aten
 from gact_fx.passes.plan import PlanOptions, plan_compression
 from gact_fx.passes.rewrite import DEQUANTIZE, QUANTIZE, apply_plan
 from gact_fx.passes.saved import find_saved
-from gact_fx.runtime.table import RUNTIME_BITS
+from gact_fx.runtime.format import RUNTIME_BITS
+from gact_fx.runtime.registry import SlotRegistry, manual_seed
 
 from .graphs import linear_relu_pair, run_pair
 
 
-def lowered_pair(bits):
+def rewritten_pair(bits, lower: bool):
     fw, bw, num_out, static, inputs = linear_relu_pair()
     saved = find_saved(fw, bw, num_out, static)
-    plan = plan_compression(saved, PlanOptions(bits=bits, group_size=64, min_numel=0, compress_inputs=True), allocate_slot=itertools.count().__next__)
-    apply_plan(fw, bw, saved, plan)
-    assert lower_to_aten(fw, bw, num_out) == 2
+    registry = SlotRegistry()
+    options = PlanOptions(bits=bits, group_size=64, min_numel=0, compress_inputs=True)
+    apply_plan(fw, bw, saved, plan_compression(saved, options, allocate_slot=lambda: registry.new_site().slot))
+    if lower:
+        assert lower_to_aten(fw, bw, num_out) == 2
+    fw.sites = registry  # the sites live as long as their graphs, as a backend keeps them
     return fw, bw, num_out, inputs
+
+
+def lowered_pair(bits):
+    return rewritten_pair(bits, lower=True)
 
 
 def test_no_opaque_codec_op_is_left():
     fw, bw, _, _ = lowered_pair(8)
     targets = [n.target for gm in (fw, bw) for n in gm.graph.nodes if n.op == "call_function"]
     assert QUANTIZE not in targets and DEQUANTIZE not in targets
-    assert targets.count(SEEDS) == 1  # one seed draw per forward call, for every slot
-    assert torch.ops.prims.inductor_random.default in targets
+    assert targets.count(KEYS) == 1  # one read of the noise counters per forward call, for every slot
     assert all("val" in n.meta for gm in (fw, bw) for n in gm.graph.nodes if n.op != "output")
+
+
+@pytest.mark.parametrize("bits", [2, 8])
+def test_both_lowerings_write_the_same_blobs(bits):
+    by_op = rewritten_pair(bits, lower=False)
+    by_aten = rewritten_pair(bits, lower=True)
+    blobs, inputs = [], by_op[3]
+    for fw, _, num_out, _ in (by_op, by_aten):
+        manual_seed(11)  # both registries' sites start their noise from the same counters
+        blobs.append([t for t in fw(*inputs)[num_out:] if t.dtype == torch.uint8])
+    assert len(blobs[0]) == 2 and all(torch.equal(a, b) for a, b in zip(*blobs))
 
 
 def test_32_bits_round_trips_exactly_when_run_as_python():
@@ -44,7 +60,7 @@ def test_32_bits_round_trips_exactly_when_run_as_python():
 def test_run_time_bits_are_refused():
     fw, bw, num_out, static, _ = linear_relu_pair()
     saved = find_saved(fw, bw, num_out, static)
-    plan = plan_compression(saved, PlanOptions(bits=8, group_size=64, min_numel=0, compress_inputs=True), allocate_slot=itertools.count().__next__)
+    plan = plan_compression(saved, PlanOptions(bits=8, group_size=64, min_numel=0, compress_inputs=True), allocate_slot=iter(range(2)).__next__)
     apply_plan(fw, bw, saved, plan)
     node = fw.graph.find_nodes(op="call_function", target=QUANTIZE)[0]
     node.update_arg(1, RUNTIME_BITS)

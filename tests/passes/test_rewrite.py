@@ -1,7 +1,5 @@
 """The rewrite on hand-made forward/backward pairs: placement of quantize/dequantize and the gradients it gives."""
 
-import itertools
-
 import pytest
 import torch
 
@@ -10,6 +8,7 @@ from gact_fx.passes.plan import PlanOptions, plan_compression
 from gact_fx.passes.rewrite import DEQUANTIZE, QUANTIZE, apply_plan
 from gact_fx.passes.saved import find_saved, output_node
 
+from ..runtime.sites import new_slot
 from .graphs import aliases_pair, linear_relu_pair, run_pair
 
 
@@ -19,7 +18,7 @@ def rewritten(pair, bits, hoist=False):
     if hoist and hoist_comparisons(fw, bw, saved):
         saved = find_saved(fw, bw, num_out, static)
     options = PlanOptions(bits=bits, group_size=64, min_numel=0, compress_inputs=True)
-    plan = plan_compression(saved, options, allocate_slot=itertools.count().__next__)
+    plan = plan_compression(saved, options, allocate_slot=new_slot)
     apply_plan(fw, bw, saved, plan)
     return fw, bw, plan
 

@@ -1,4 +1,4 @@
-"""The gact:: custom ops: opcheck, layouts and strides, seeds, run-time bit widths."""
+"""The gact:: custom ops: opcheck, layouts and strides, rounding noise, run-time bit widths."""
 
 import pytest
 import torch
@@ -6,7 +6,10 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from gact_fx.runtime import format as fmt
 from gact_fx.runtime import ops  # noqa: F401  (registers torch.ops.gact)
-from gact_fx.runtime.seeds import DEFAULT_SEEDS, manual_seed
+from gact_fx.runtime.kernels import encode
+from gact_fx.runtime.registry import DIRECTORY, SlotRegistry, manual_seed
+
+from .sites import SLOT, new_slot
 
 quantize = torch.ops.gact.quantize.default
 dequantize = torch.ops.gact.dequantize.default
@@ -15,9 +18,7 @@ FLOATS = [torch.float32, torch.float16, torch.bfloat16]
 
 @pytest.fixture
 def pinned_slot():
-    DEFAULT_SEEDS.pin(99, 1234)  # opcheck compares several calls: make them agree
-    yield 99
-    DEFAULT_SEEDS.unpin_all()
+    return new_slot(pinned=True)  # opcheck compares several calls: the same noise in each
 
 
 @pytest.mark.compat
@@ -42,8 +43,8 @@ def test_opcheck_bool(pinned_slot):
 @pytest.mark.parametrize("bits", fmt.SUPPORTED_BITS)
 def test_dequantize_reads_the_bits_from_the_blob(bits):
     x = torch.randn(300)
-    blob = quantize(x, bits, 64, [0], 0)
-    y = dequantize(blob, [300], torch.float32, 64, [0], 0)
+    blob = quantize(x, bits, 64, [0], SLOT)
+    y = dequantize(blob, [300], torch.float32, 64, [0], SLOT)
     assert blob.numel() == fmt.float_blob_nbytes(300, bits, 64, 4)
     assert (y - x).abs().max() <= (x.max() - x.min()) / (2**bits - 1) + 1e-6
 
@@ -51,47 +52,94 @@ def test_dequantize_reads_the_bits_from_the_blob(bits):
 def test_channels_last_layout_is_restored_exactly():
     x = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
     perm = [0, 2, 3, 1]  # dense order of channels_last
-    y = dequantize(quantize(x, 32, 64, perm, 0), list(x.shape), x.dtype, 64, perm, 0)
+    y = dequantize(quantize(x, 32, 64, perm, SLOT), list(x.shape), x.dtype, 64, perm, SLOT)
     assert torch.equal(x, y) and y.stride() == x.stride()
 
 
 def test_non_dense_input_comes_back_compact_in_the_same_order():
     x = torch.randn(10, 8)[:, :5]  # strides (8, 1): a gap after each row
-    y = dequantize(quantize(x, 32, 64, [0, 1], 0), [10, 5], x.dtype, 64, [0, 1], 0)
+    y = dequantize(quantize(x, 32, 64, [0, 1], SLOT), [10, 5], x.dtype, 64, [0, 1], SLOT)
     assert torch.equal(x, y) and y.stride() == (5, 1)
 
 
 def test_result_does_not_depend_on_the_input_strides():
     x = torch.randn(16, 32)
     manual_seed(5)
-    contiguous = quantize(x, 2, 64, [0, 1], 0)
+    contiguous = quantize(x, 2, 64, [0, 1], SLOT)
     manual_seed(5)
-    transposed_storage = quantize(x.t().contiguous().t(), 2, 64, [0, 1], 0)
+    transposed_storage = quantize(x.t().contiguous().t(), 2, 64, [0, 1], SLOT)
     assert torch.equal(contiguous, transposed_storage)
 
 
 def test_quantize_leaves_torch_rng_alone():
     x = torch.randn(1000)
     state = torch.get_rng_state()
-    quantize(x, 2, 64, [0], 0)
+    quantize(x, 2, 64, [0], SLOT)
     assert torch.equal(state, torch.get_rng_state())
 
 
 def test_manual_seed_makes_rounding_reproducible():
     x = torch.randn(1000)
     manual_seed(7)
-    first = [quantize(x, 2, 64, [0], 0) for _ in range(2)]
+    first = [quantize(x, 2, 64, [0], SLOT) for _ in range(2)]
     manual_seed(7)
-    again = [quantize(x, 2, 64, [0], 0) for _ in range(2)]
+    again = [quantize(x, 2, 64, [0], SLOT) for _ in range(2)]
     assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
     assert not torch.equal(first[0], first[1])  # every call draws fresh noise
 
 
-def test_fake_blob_size_is_symbolic_under_dynamic_shapes():
-    def encode(x):
-        return quantize(x, 4, 64, [0, 1], 0)
+def test_the_noise_state_lives_on_the_tensors_device_and_advances_there():
+    slot = new_slot()
+    site = DIRECTORY.site(slot)
+    x = torch.randn(1000)
+    quantize(x, 2, 64, [0], slot)
+    state = site.rng_state(x.device)
+    assert state.device == x.device and state.dtype == torch.int64 and state[1].item() == 1
+    quantize(x, 2, 64, [0], slot)
+    assert state[1].item() == 2  # the same tensor, advanced in place: what a CUDA graph replay reads
 
-    graph = make_fx(encode, tracing_mode="symbolic")(torch.randn(10, 7))
+
+def test_a_replayed_trace_of_the_device_work_draws_fresh_noise():
+    # A CUDA graph records a call's device work once and replays it without Python: the
+    # noise must come from state that the replayed work itself reads and advances. A seed
+    # passed from Python (gact-fx before this) is a constant of the trace: every replay
+    # would draw the same noise, and the gradient would no longer be unbiased.
+    site = DIRECTORY.site(new_slot())
+    x = torch.randn(1000)
+    state = site.rng_state(x.device)
+
+    def device_work(t):
+        blob = encode(t, 2, 64, state=state)
+        site.advance(state)
+        return blob
+
+    replay = make_fx(device_work)(x)  # the trace advanced the counter once
+    blobs = [replay(x) for _ in range(3)]
+    assert not torch.equal(blobs[0], blobs[1]) and not torch.equal(blobs[1], blobs[2])
+    state[1] = 1  # the counter as the first replay read it
+    assert torch.equal(device_work(x), blobs[0])  # the same noise as eager code with that state
+
+
+def test_two_registries_number_their_sites_apart_and_key_their_noise_by_index():
+    first, second = SlotRegistry(), SlotRegistry()
+    a, b = first.new_site(), second.new_site()
+    assert a.slot != b.slot and a.index == b.index == 0
+    x = torch.randn(1000)
+    manual_seed(3)
+    # the same position in two backends compiled alike: the same noise, so runs compare
+    assert torch.equal(quantize(x, 2, 64, [0], a.slot), quantize(x, 2, 64, [0], b.slot))
+
+
+def test_a_slot_without_a_live_site_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="no live site has slot"):
+        quantize(torch.randn(10), 2, 64, [0], 10**9)
+
+
+def test_fake_blob_size_is_symbolic_under_dynamic_shapes():
+    def encode_symbolic(x):
+        return quantize(x, 4, 64, [0, 1], SLOT)
+
+    graph = make_fx(encode_symbolic, tracing_mode="symbolic")(torch.randn(10, 7))
     blob_val = graph.graph.find_nodes(op="output")[0].args[0].meta["val"]
     size = blob_val.shape[0]
     assert isinstance(size, torch.SymInt)

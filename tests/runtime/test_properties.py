@@ -7,14 +7,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gact_fx.runtime import format as fmt
+from gact_fx.runtime.noise import key_of, rounding_noise
 from gact_fx.runtime.ops import inverse_permutation
 from gact_fx.runtime.reference import (
     dequantize_reference,
     pack_codes,
     quantize_reference,
-    rounding_noise,
     unpack_codes,
 )
+
+from .sites import SLOT
 
 FLOATS = [torch.float32, torch.float16, torch.bfloat16]
 shapes = st.lists(st.integers(min_value=1, max_value=9), min_size=1, max_size=4)
@@ -48,7 +50,7 @@ def test_pack_unpack_round_trip(codes, bits, groups, group_size):
 @given(x=tensors(), bits=widths, group_size=group_sizes, seed=st.integers(0, 2**40))
 def test_error_is_within_one_step_and_the_blob_has_the_declared_size(x, bits, group_size, seed):
     flat = x.reshape(-1)
-    noise = rounding_noise(fmt.num_groups(flat.numel(), group_size), group_size, seed, "cpu")
+    noise = rounding_noise(fmt.num_groups(flat.numel(), group_size), group_size, key_of(seed, seed >> 32))
     blob = quantize_reference(flat, bits, group_size, noise)
     assert blob.numel() == fmt.float_blob_nbytes(flat.numel(), bits, group_size, x.element_size())
     assert fmt.bits_from_blob_nbytes(blob.numel()) == bits
@@ -56,6 +58,7 @@ def test_error_is_within_one_step_and_the_blob_has_the_declared_size(x, bits, gr
     assert decoded.dtype == x.dtype and torch.isfinite(decoded).all()
     groups = fmt.num_groups(flat.numel(), group_size)
     step = blob[: groups * 4].view(torch.float32).repeat_interleave(group_size)[: flat.numel()]
+    assert (step > 0).all()  # finite inputs: no group is flagged or poisoned
     exact = flat.float()
     # Rounding on top of the step: the decode's fp32 arithmetic (an ulp of the value: a
     # nearly constant group can have a step below that), then half an ulp of the output
@@ -73,7 +76,7 @@ def test_a_subnormal_fp16_group_decodes_within_a_step_and_half_an_ulp():
     # fp16 then costs up to half of 2**-24, far more than half an ulp relative to the value.
     flat = torch.tensor([5.3644e-07, -2.0862e-06, 1.2517e-06, -3.5763e-07, 2.9802e-07, 1.1921e-07, 0.0, 7.7486e-07],
                         dtype=torch.float16)
-    noise = rounding_noise(1, 8, 0, "cpu")
+    noise = rounding_noise(1, 8, key_of(0, 0))
     decoded = dequantize_reference(quantize_reference(flat, 4, 8, noise), 8, torch.float16, 8)
     step = (flat.float().max() - flat.float().min()) / 15
     assert ((decoded.float() - flat.float()).abs() <= step + 2 ** -25 + 1e-12).all()
@@ -93,8 +96,8 @@ def test_pass_through_and_masks_are_lossless(x):
 def test_any_layout_comes_back_in_the_same_layout(x, bits, data):
     perm = data.draw(st.permutations(list(range(x.dim()))))
     strided = x.permute(perm).contiguous().permute(inverse_permutation(perm))  # dense, dims in memory order ``perm``
-    blob = torch.ops.gact.quantize(strided, bits, 64, list(perm), 0)
-    decoded = torch.ops.gact.dequantize(blob, list(x.shape), x.dtype, 64, list(perm), 0)
+    blob = torch.ops.gact.quantize(strided, bits, 64, list(perm), SLOT)
+    decoded = torch.ops.gact.dequantize(blob, list(x.shape), x.dtype, 64, list(perm), SLOT)
     assert decoded.shape == x.shape
     assert all(a == b for a, b, size in zip(decoded.stride(), strided.stride(), x.shape) if size > 1)  # size-1 strides are free
     if bits == 32:
@@ -102,3 +105,19 @@ def test_any_layout_comes_back_in_the_same_layout(x, bits, data):
     else:
         span = (x.float().max() - x.float().min()).item()
         assert (decoded.float() - x.float()).abs().max().item() <= span / (2**bits - 1) * (1 + 1e-5) + x.float().abs().max().item() * 2**-7 + 1e-30
+
+
+@settings(max_examples=150, deadline=None)
+@given(x=tensors(), bits=st.sampled_from([2, 4, 8]), group_size=group_sizes, data=st.data())
+def test_special_values_anywhere_come_back_at_their_positions(x, bits, group_size, data):
+    flat = x.reshape(-1).clone()
+    extremes = [float("-inf"), float("inf"), -torch.finfo(x.dtype).max, torch.finfo(x.dtype).max]
+    kind = data.draw(st.integers(0, 3))  # one kind per tensor: two kinds in a group poison it
+    positions = data.draw(st.lists(st.integers(0, flat.numel() - 1), max_size=flat.numel()))
+    flat[positions] = extremes[kind]
+    noise = rounding_noise(fmt.num_groups(flat.numel(), group_size), group_size, key_of(kind, len(positions)))
+    decoded = dequantize_reference(quantize_reference(flat, bits, group_size, noise), flat.numel(), x.dtype, group_size)
+    special = torch.zeros_like(flat, dtype=torch.bool)
+    special[positions] = True
+    assert torch.equal(decoded[special], flat[special])
+    assert torch.isfinite(decoded[~special]).all()

@@ -19,6 +19,7 @@ if not ON_GPU and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("no GPU and TRITON_INTERPRET is not 1 (run through tests/conftest.py)", allow_module_level=True)
 
 from gact_fx.runtime import format as fmt  # noqa: E402
+from gact_fx.runtime import noise  # noqa: E402
 from gact_fx.runtime import triton_kernels as tk  # noqa: E402
 from gact_fx.runtime.reference import dequantize_reference, quantize_reference  # noqa: E402
 
@@ -34,20 +35,31 @@ def sample(numel, dtype, seed=0):
     return (torch.randn(numel, generator=generator) * 3).to(dtype).to(DEVICE)
 
 
+def reference_blob(x, bits, group_size, key):
+    return quantize_reference(x, bits, group_size, noise.rounding_noise(fmt.num_groups(x.numel(), group_size), group_size, key))
+
+
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("bits", [1, 2, 4, 8])
 @pytest.mark.parametrize("numel", [1, 100, 257])
-def test_codes_match_the_reference_given_the_same_noise(dtype, bits, numel):
+def test_blobs_are_bit_identical_to_the_reference(dtype, bits, numel):
     x = sample(numel, dtype)
-    noise = tk.rounding_noise(fmt.num_groups(numel, GROUP), GROUP, 1234, x.device)
-    assert torch.equal(tk.quantize(x, bits, GROUP, 1234), quantize_reference(x, bits, GROUP, noise))
+    key = noise.key_of(1234, 99, device=DEVICE)
+    assert torch.equal(tk.quantize(x, bits, GROUP, key=key), reference_blob(x, bits, GROUP, key))
+
+
+def test_the_noise_is_the_references_bit_for_bit():
+    key = noise.key_of(0xDEADBEEF, 7, device=DEVICE)
+    assert torch.equal(tk.rounding_noise(5, GROUP, key=key), noise.rounding_noise(5, GROUP, key))
+    state = torch.tensor([0x12345678, 41], dtype=torch.int64, device=DEVICE)
+    assert torch.equal(tk.rounding_noise(5, GROUP, state=state), noise.rounding_noise(5, GROUP, noise.call_key(state)))
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("bits", [1, 2, 4, 8])
 def test_either_implementation_decodes_the_others_blob(dtype, bits):
     x = sample(300, dtype, seed=1)
-    from_triton = tk.quantize(x, bits, GROUP, 7)
+    from_triton = tk.quantize(x, bits, GROUP, key=noise.key_of(7, 8, device=DEVICE))
     from_reference = quantize_reference(x, bits, GROUP, torch.rand(5, GROUP, device=x.device))
     for blob in (from_triton, from_reference):
         expected = dequantize_reference(blob, 300, dtype, GROUP)
@@ -60,36 +72,44 @@ def test_either_implementation_decodes_the_others_blob(dtype, bits):
 
 def test_many_programs_and_a_partial_last_block():
     x = sample(40 * 8 + 3, torch.float32)  # 41 groups of 8: 11 programs, the last one holds 1 group
-    groups = fmt.num_groups(x.numel(), 8)
-    noise = tk.rounding_noise(groups, 8, 5, x.device)
-    blob = tk.quantize(x, 2, 8, 5)
-    assert torch.equal(blob, quantize_reference(x, 2, 8, noise))
+    key = noise.key_of(5, 6, device=DEVICE)
+    blob = tk.quantize(x, 2, 8, key=key)
+    assert torch.equal(blob, reference_blob(x, 2, 8, key))
     assert torch.equal(tk.dequantize(blob, x.numel(), x.dtype, 8), dequantize_reference(blob, x.numel(), x.dtype, 8))
 
 
-def test_noise_is_reproducible_and_differs_per_seed():
-    first = tk.rounding_noise(3, GROUP, 11, DEVICE)
-    assert torch.equal(first, tk.rounding_noise(3, GROUP, 11, DEVICE))
-    assert not torch.equal(first, tk.rounding_noise(3, GROUP, 12, DEVICE))
-    assert 0 <= first.min() and first.max() < 1
-
-
-def test_non_finite_values_poison_only_their_group():
-    x = sample(4 * GROUP, torch.float32)
-    x[10], x[GROUP + 3] = float("nan"), float("inf")
-    y = tk.dequantize(tk.quantize(x, 4, GROUP, 3), x.numel(), x.dtype, GROUP)
-    assert torch.isnan(y[: 2 * GROUP]).all()
-    assert torch.isfinite(y[2 * GROUP :]).all()
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("bits", [1, 2, 8])
+def test_special_values_nan_and_poisoned_groups_match_the_reference(dtype, bits):
+    x = sample(5 * GROUP, dtype)
+    extreme = torch.finfo(dtype).max
+    x[3], x[10] = float("-inf"), float("-inf")  # group 0: one kind
+    x[GROUP + 1] = extreme  # group 1: the dtype's maximum
+    x[2 * GROUP + 4] = float("nan")  # group 2: poisoned
+    x[3 * GROUP + 1], x[3 * GROUP + 2] = float("inf"), -extreme  # group 3: two kinds, poisoned
+    x[4 * GROUP :] = -extreme  # group 4: nothing else
+    key = noise.key_of(3, 4, device=DEVICE)
+    blob = tk.quantize(x, bits, GROUP, key=key)
+    assert torch.equal(blob, reference_blob(x, bits, GROUP, key))
+    decoded = tk.dequantize(blob, x.numel(), dtype, GROUP)
+    assert torch.equal(decoded.isnan(), dequantize_reference(blob, x.numel(), dtype, GROUP).isnan())
+    special = torch.isinf(x) | (x.abs() == extreme)
+    if bits > 1:
+        keep = special.clone()
+        keep[2 * GROUP : 4 * GROUP] = False
+        assert torch.equal(decoded[keep], x[keep])
 
 
 def test_the_ops_use_the_kernels_when_asked(monkeypatch):
     monkeypatch.setenv("GACT_FX_KERNELS", "triton")
     from gact_fx.runtime import kernels
 
+    from .sites import SLOT
+
     x = sample(1000, torch.float32).view(10, 100)
     assert kernels.uses_triton(x, 4)
-    blob = torch.ops.gact.quantize(x, 4, 256, [0, 1], 0)
-    y = torch.ops.gact.dequantize(blob, [10, 100], torch.float32, 256, [0, 1], 0)
+    blob = torch.ops.gact.quantize(x, 4, 256, [0, 1], SLOT)
+    y = torch.ops.gact.dequantize(blob, [10, 100], torch.float32, 256, [0, 1], SLOT)
     assert (y - x).abs().max() <= (x.max() - x.min()) / 15 + 1e-6
 
 

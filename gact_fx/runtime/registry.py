@@ -1,0 +1,213 @@
+"""Run-time state of the compressed saved-tensor sites ("slots"), owned by each backend.
+
+A ``SlotRegistry`` belongs to one backend. It numbers that backend's sites and holds,
+per site: its run-time bit width (sites compiled with ``RUNTIME_BITS``), its
+rounding-noise state on each device (``runtime.noise``), and, during a sensitivity
+probe, the exact copy the probe kept and what ``dequantize`` substitutes for it.
+
+The ``gact::`` ops are called from compiled code with nothing but a slot number, so
+one process-wide ``DIRECTORY`` maps numbers to sites (weakly: a site lives as long as
+its registry, and the registry as long as its backend). Slot numbers are unique in
+the process and handed out in compile order, so a program numbers its sites the same
+way in every process (which keeps Inductor's FX graph cache effective). The directory
+also holds the base seed of ``manual_seed``, the one knob that is process-wide by
+design, like ``torch.manual_seed``.
+
+State that belongs to one call lives in a ``ContextVar``: ``STASHING``, the slots
+whose exact values the probe's forward call keeps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import itertools
+import threading
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from . import format as fmt
+from .noise import call_key, mix64, slot_key
+
+
+class _Exact:
+    def __repr__(self) -> str:
+        return "EXACT"
+
+
+EXACT = _Exact()  # dequantize returns the stashed exact values
+
+
+@dataclass(frozen=True)
+class Requantize:
+    """dequantize returns the stashed values quantized at ``bits`` under ``key``."""
+
+    bits: int
+    key: tuple[int, int]
+
+
+@dataclass
+class Stash:
+    """What a probe's forward call kept of one site: the exact values, and the token its blob carries."""
+
+    values: torch.Tensor
+    token: int
+
+
+class Site:
+    """One compressed saved tensor of a compiled graph."""
+
+    def __init__(self, registry: SlotRegistry, slot: int, index: int) -> None:
+        self.slot = slot
+        self.index = index  # position in its registry: keys the rounding noise
+        self._registry = weakref.ref(registry)
+        self.bits: int | None = None  # run-time width of a RUNTIME_BITS site
+        self.pinned = False  # the same noise on every call (opcheck compares calls)
+        self.stash: Stash | None = None
+        self.substitute: object | None = None  # EXACT or Requantize, while a probe measures
+        self._states: dict[torch.device, torch.Tensor] = {}
+
+    def __repr__(self) -> str:
+        return f"Site(slot={self.slot}, index={self.index}, bits={self.bits})"
+
+    @property
+    def registry(self) -> SlotRegistry:
+        registry = self._registry()
+        if registry is None:
+            raise RuntimeError(f"gact: the backend that owned slot {self.slot} is gone")
+        return registry
+
+    def runtime_bits(self) -> int:
+        if self.bits is None:
+            raise RuntimeError(f"gact: slot {self.slot} has no run-time bits (was it compiled with adaptive bits?)")
+        return self.bits
+
+    def rng_state(self, device: torch.device) -> torch.Tensor:
+        """``[slot_key, count]`` (int64) on ``device``: read and advanced there, never on the host."""
+        state = self._states.get(device)
+        if state is None:
+            key = slot_key(DIRECTORY.base_seed, self.index)
+            state = self._states[device] = torch.tensor([key, 0], dtype=torch.int64, device=device)
+        return state
+
+    def advance(self, state: torch.Tensor) -> None:
+        """Count one call (on the device): the next call draws other noise."""
+        if not self.pinned:
+            state[1:].add_(1)
+
+    def next_key(self, device: torch.device) -> torch.Tensor:
+        state = self.rng_state(device)
+        key = call_key(state)
+        self.advance(state)
+        return key
+
+    def reseed(self, base_seed: int) -> None:
+        key = slot_key(base_seed, self.index)
+        for state in self._states.values():
+            state.copy_(torch.tensor([key, 0], dtype=torch.int64))
+
+    def release_probe(self) -> None:
+        self.stash = None
+        self.substitute = None
+
+
+class SlotRegistry:
+    """The sites of one backend."""
+
+    def __init__(self) -> None:
+        self.sites: dict[int, Site] = {}
+        self._tokens = itertools.count(1)
+        DIRECTORY.adopt(self)
+
+    def new_site(self) -> Site:
+        site = Site(self, DIRECTORY.next_slot(), len(self.sites))
+        self.sites[site.slot] = site
+        DIRECTORY.register(site)
+        return site
+
+    def new_token(self) -> int:
+        return next(self._tokens)
+
+    def bits(self, slot: int) -> int | None:
+        site = self.sites.get(slot)
+        return site.bits if site is not None else None
+
+    def reseed(self, base_seed: int) -> None:
+        for site in self.sites.values():
+            site.reseed(base_seed)
+
+
+class Directory:
+    """Slot number -> site, for the ops; the live registries; the base seed."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._numbers = itertools.count()
+        self._sites: weakref.WeakValueDictionary[int, Site] = weakref.WeakValueDictionary()
+        self._registries: weakref.WeakSet[SlotRegistry] = weakref.WeakSet()
+        self.base_seed = mix64(0)
+
+    def next_slot(self) -> int:
+        with self._lock:
+            return next(self._numbers)
+
+    def register(self, site: Site) -> None:
+        self._sites[site.slot] = site
+
+    def adopt(self, registry: SlotRegistry) -> None:
+        self._registries.add(registry)
+
+    def site(self, slot: int) -> Site:
+        site = self._sites.get(slot)
+        if site is None:
+            raise RuntimeError(
+                f"gact: no live site has slot {slot}: the backend that compiled this graph was garbage-collected, "
+                "or the graph was not compiled by gact"
+            )
+        return site
+
+    def manual_seed(self, seed: int) -> None:
+        self.base_seed = mix64(int(seed))
+        for registry in list(self._registries):
+            registry.reseed(self.base_seed)
+
+
+DIRECTORY = Directory()
+
+# The slots whose exact values this forward call keeps for a probe (set by the controller).
+STASHING: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar("gact_stashing", default=frozenset())
+
+
+@contextlib.contextmanager
+def stashing(slots: frozenset[int]) -> Iterator[None]:
+    token = STASHING.set(slots)
+    try:
+        yield
+    finally:
+        STASHING.reset(token)
+
+
+def manual_seed(seed: int) -> None:
+    """Make gact's stochastic rounding reproducible (independent of ``torch.manual_seed``).
+
+    Every site of every backend starts its noise sequence again from ``seed``.
+    """
+    DIRECTORY.manual_seed(seed)
+
+
+def attach_token(blob: torch.Tensor, token: int) -> torch.Tensor:
+    """``blob`` with a probe token before its tag (the length mod 8, so the bits, unchanged)."""
+    tag = blob.numel() % 8
+    token_bytes = torch.tensor([token], dtype=torch.int64).view(torch.uint8).to(blob.device)
+    return torch.cat([blob[: blob.numel() - tag], token_bytes, blob[blob.numel() - tag :]])
+
+
+def token_of(blob: torch.Tensor, expected_nbytes: int) -> int | None:
+    """The token of a probe blob, or None for a plain one (reads 8 bytes to the host)."""
+    if blob.numel() != expected_nbytes + fmt.TOKEN_BYTES:
+        return None
+    start = fmt.token_offset(blob.numel())
+    return int(blob[start : start + fmt.TOKEN_BYTES].cpu().view(torch.int64).item())
