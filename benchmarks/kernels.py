@@ -15,73 +15,20 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
 import sys
-import time
 
 import torch
 
 import gact_fx
-from gact_fx.runtime import format as fmt
+from gact_fx.bench.kernels import kernel_markdown, kernel_table, median_seconds
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
 from benchmarks._results import save_table  # noqa: E402
-from gact_fx.runtime import ops  # noqa: F401  (registers torch.ops.gact)
 
 
 def timer(device: str):
     """Median seconds of ``fn()`` over ``repeats`` runs, after warm-up."""
-
-    def measure(fn, repeats: int) -> float:
-        for _ in range(3):
-            fn()
-        times = []
-        for _ in range(repeats):
-            if device == "cuda":
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                torch.cuda.synchronize()
-                times.append(start.elapsed_time(end) / 1e3)
-            else:
-                started = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - started)
-        return statistics.median(times)
-
-    return measure
-
-
-def kernel_table(device: str, numel: int, repeats: int) -> list[dict]:
-    from gact_fx.runtime import aten_codec
-
-    measure = timer(device)
-    rows = []
-    for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        x = torch.randn(numel, device=device).to(dtype)
-        raw = numel * x.element_size()
-        copy_gbps = 2 * raw / measure(lambda: x.clone(), repeats) / 1e9
-        rows.append(dict(dtype=str(dtype)[6:], bits="copy", lowering="-", op="copy", gbps=copy_gbps, of_copy=1.0))
-        for bits in (1, 2, 4, 8):
-            torch._dynamo.reset()  # one code object, recompiled for each width: stay under the limit
-            blob_bytes = fmt.float_blob_nbytes(numel, bits, 256, x.element_size())
-            seed = torch.tensor(1, device=device)
-            encode_aten = torch.compile(lambda t: aten_codec.encode(t, [0], bits, 256, seed), fullgraph=True)
-            blob = torch.ops.gact.quantize(x, bits, 256, [0], 0)
-            decode_aten = torch.compile(lambda b: aten_codec.decode(b, [numel], dtype, 256, [0], bits), fullgraph=True)
-            candidates = {
-                ("op", "quantize"): lambda: torch.ops.gact.quantize(x, bits, 256, [0], 0),
-                ("op", "dequantize"): lambda: torch.ops.gact.dequantize(blob, [numel], dtype, 256, [0], 0),
-                ("aten", "quantize"): lambda: encode_aten(x),
-                ("aten", "dequantize"): lambda: decode_aten(blob),
-            }
-            for (lowering, op), fn in candidates.items():
-                seconds = measure(fn, repeats)
-                gbps = (raw + blob_bytes) / seconds / 1e9
-                rows.append(dict(dtype=str(dtype)[6:], bits=bits, lowering=lowering, op=op, gbps=gbps, of_copy=gbps / copy_gbps))
-                print(f"  {rows[-1]}", file=sys.stderr, flush=True)
-    return rows
+    return lambda fn, repeats: median_seconds(fn, device, repeats)
 
 
 def step_cases(device: str, scale: str):
@@ -142,9 +89,8 @@ def main(argv=None):
     repeats = args.repeats or (20 if on_cuda else 5)
     if not on_cuda:
         torch.set_num_threads(1)
-    lines = [f"{numel} elements per tensor, median of {repeats}.\n", "| dtype | bits | lowering | op | GB/s | of copy bandwidth |", "| --- | --- | --- | --- | --- | --- |"]
-    for r in kernel_table(args.device, numel, repeats):
-        lines.append(f"| {r['dtype']} | {r['bits']} | {r['lowering']} | {r['op']} | {r['gbps']:.2f} | {100 * r['of_copy']:.1f}% |")
+    rows = kernel_table(args.device, numel, repeats, progress=lambda row: print(f"  {row}", file=sys.stderr, flush=True))
+    lines = [kernel_markdown(rows, numel, repeats)]
     if not args.skip_steps:
         lines += ["", "| model | method | step ms | vs torch.compile |", "| --- | --- | --- | --- |"]
         for r in step_table(args.device, "full" if on_cuda else "small", repeats):

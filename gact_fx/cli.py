@@ -3,6 +3,7 @@
     gact-fx viz examples/viz_models.py:transformer_block --out block.html
     gact-fx viz my_model.py:build --format dot --out graph.dot --option bits=2
     gact-fx bench --quick --out /tmp/bench
+    gact-fx bench --gpu-suite --out /tmp/gpu
     gact-fx bench --markdown BENCHMARKS.md
 
 A model spec is ``FILE.py:FUNCTION``; the function returns ``(model, example_inputs)`` or
@@ -68,6 +69,10 @@ def viz(args) -> int:
 
 
 def bench(args) -> int:
+    if args.gpu_suite:
+        from .bench.gpu_suite import main as run_gpu_suite
+
+        return run_gpu_suite(args)
     from .bench.suite import main as run_bench
 
     return run_bench(args)
@@ -86,6 +91,9 @@ def main(argv=None) -> int:
     viz_parser.set_defaults(run=viz)
     bench_parser = commands.add_parser("bench", help="memory, speed and accuracy of gact against the alternatives")
     bench_parser.add_argument("--quick", action="store_true", help="a minute-long smoke run (tiny models, eager path)")
+    bench_parser.add_argument("--gpu-suite", action="store_true", help="every GPU measurement in one command, under 9 "
+                              "minutes: the GPU tests, the kernel table, and step time, peak memory and max batch of "
+                              "BERT-large-like, ResNet-50 and Llama-like models (needs CUDA)")
     bench_parser.add_argument("--models", nargs="+", help="zoo entries (default: all; --quick: cnn gpt2)")
     bench_parser.add_argument("--sizes", nargs="+", help="tiny small base large (default: tiny on CPU)")
     bench_parser.add_argument("--methods", nargs="+", help="method names (default: all); the accuracy runs train those of "

@@ -128,6 +128,8 @@ TABLE_FILES = {
     "adaptive_overhead.json": ("Cost of adaptive bits", "A probe step against a normal step, amortised over the interval."),
     "cpu_step_time.json": ("CPU step time of the gact backend", "Ratios against the same compile path with gact disabled."),
     "kernels.json": ("Kernels: quantize / dequantize bandwidth and step time", "Against a device-to-device copy of the same tensor."),
+    "gpu_suite.json": ("GPU suite", "`gact-fx bench --gpu-suite`: the GPU tests, the kernels against a device copy, and "
+                       "three models against torch.compile."),
 }
 
 

@@ -52,6 +52,30 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def time_training(step: Callable[[], None], *, device: str, steps: int, warming: Callable[[], bool] = lambda: False,
+                  deadline: float = float("inf")) -> tuple[float, float]:
+    """(seconds of the first step, which compiles; median ms of ``steps`` steps after warm-up).
+
+    Warm-up runs while ``warming()`` (adaptive methods first measure every tensor), at
+    most 20 steps or until ``deadline`` (``time.monotonic()``)."""
+    started = time.perf_counter()
+    step()
+    _sync(device)
+    compile_s = time.perf_counter() - started
+    for _ in range(20):
+        step()
+        if not warming() or time.monotonic() > deadline:
+            break
+    times = []
+    for _ in range(steps):
+        _sync(device)
+        started = time.perf_counter()
+        step()
+        _sync(device)
+        times.append(time.perf_counter() - started)
+    return compile_s, 1e3 * statistics.median(times)
+
+
 def _cpu_step_peak(step) -> int:
     from torch.profiler import ProfilerActivity, profile
 
@@ -103,22 +127,9 @@ def measure(workload: Workload, method: Method, *, model: str, size: str, compil
         with method.patches():
             runner = _Runner(workload, method, compiler)
             inputs = workload.batch(batch)
-            started = time.perf_counter()
-            runner.step(inputs)
-            _sync(device)
-            result.compile_s = time.perf_counter() - started
-            for _ in range(20):  # warm up; adaptive methods first measure every tensor
-                runner.step(inputs)
-                if not runner.probing():
-                    break
-            times = []
-            for _ in range(steps):
-                _sync(device)
-                started = time.perf_counter()
-                runner.step(inputs)
-                _sync(device)
-                times.append(time.perf_counter() - started)
-            result.step_ms = 1e3 * statistics.median(times)
+            result.compile_s, result.step_ms = time_training(
+                lambda: runner.step(inputs), device=device, steps=steps, warming=runner.probing
+            )
             # the compiled module's parameters and buffers are the model's: left out
             result.saved_bytes = saved_activation_bytes(runner.compiled, *inputs)
             if device == "cuda":

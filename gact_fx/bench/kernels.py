@@ -1,0 +1,91 @@
+"""Codec bandwidth: quantize and dequantize GB/s per width and dtype, against a plain copy.
+
+For both lowerings: the opaque ``gact::`` ops (Triton kernels on CUDA, the CPU codec or
+the torch reference on the CPU) and the aten lowering compiled by Inductor. Bytes
+counted are what each must move: quantize reads the tensor and writes the blob,
+dequantize the reverse; the copy reads and writes the tensor (the ceiling).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from ..runtime import aten_codec
+from ..runtime import format as fmt
+from ..runtime import ops  # noqa: F401  (registers torch.ops.gact)
+from ..runtime.registry import SlotRegistry
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+WIDTHS = (1, 2, 4, 8)
+
+
+def median_seconds(fn: Callable[[], object], device: str, repeats: int, warmup: int = 3) -> float:
+    """Median seconds of ``fn()`` after warm-up (CUDA events on a GPU)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            started = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def kernel_table(device: str, numel: int, repeats: int, *, dtypes=DTYPES, widths=WIDTHS,
+                 lowerings=("op", "aten"), progress: Callable[[dict], None] = lambda row: None,
+                 stop: Callable[[], bool] = lambda: False) -> list[dict]:
+    """One row per (dtype, width, lowering, op), and one copy row per dtype; ``stop()``
+    ends the table early (what it measured so far is returned)."""
+    registry = SlotRegistry()
+    site = registry.new_site()
+    rows = []
+    for dtype in dtypes:
+        x = torch.randn(numel, device=device).to(dtype)
+        raw = numel * x.element_size()
+        copy_gbps = 2 * raw / median_seconds(lambda: x.clone(), device, repeats) / 1e9
+        rows.append(dict(dtype=str(dtype)[6:], bits="copy", lowering="-", op="copy", gbps=copy_gbps, of_copy=1.0))
+        progress(rows[-1])
+        for bits in widths:
+            if stop():
+                return rows
+            blob_bytes = fmt.float_blob_nbytes(numel, bits, 256, x.element_size())
+            blob = torch.ops.gact.quantize(x, bits, 256, [0], site.slot)
+            candidates = {}
+            if "op" in lowerings:
+                candidates[("op", "quantize")] = lambda: torch.ops.gact.quantize(x, bits, 256, [0], site.slot)
+                candidates[("op", "dequantize")] = lambda: torch.ops.gact.dequantize(blob, [numel], dtype, 256, [0], site.slot)
+            if "aten" in lowerings:
+                torch._dynamo.reset()  # one code object, recompiled for each width: stay under the limit
+                key = torch.tensor([12345, 678], dtype=torch.int64, device=device)
+                encode = torch.compile(lambda t: aten_codec.encode(t, [0], bits, 256, key), fullgraph=True)
+                decode = torch.compile(lambda b: aten_codec.decode(b, [numel], dtype, 256, [0], bits), fullgraph=True)
+                candidates[("aten", "quantize")] = lambda: encode(x)
+                candidates[("aten", "dequantize")] = lambda: decode(blob)
+            for (lowering, op), fn in candidates.items():
+                gbps = (raw + blob_bytes) / median_seconds(fn, device, repeats) / 1e9
+                rows.append(dict(dtype=str(dtype)[6:], bits=bits, lowering=lowering, op=op, gbps=gbps, of_copy=gbps / copy_gbps))
+                progress(rows[-1])
+    return rows
+
+
+def kernel_markdown(rows: list[dict], numel: int, repeats: int) -> str:
+    lines = [
+        f"{numel} elements per tensor, median of {repeats}. GB/s counts the bytes each must move.\n",
+        "| dtype | bits | lowering | op | GB/s | of copy bandwidth |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        lines.append(f"| {r['dtype']} | {r['bits']} | {r['lowering']} | {r['op']} | {r['gbps']:.2f} | {100 * r['of_copy']:.1f}% |")
+    return "\n".join(lines)

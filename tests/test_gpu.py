@@ -1,0 +1,143 @@
+"""On a CUDA device: the compiled Triton kernels, training through Inductor and them, CUDA
+graphs, the aten lowering, offloading, and peak memory.
+
+Skipped without a GPU (``tests/conftest.py``); ``gact-fx bench --gpu-suite`` runs them first
+(``pytest -m gpu``). The small tensors of ``tests/runtime/test_triton_kernels.py`` run
+compiled here too.
+"""
+
+import copy
+
+import pytest
+import torch
+
+import gact_fx
+
+from .helpers import baseline_backend, flat_grad, model_case, projection_loss, relative_error
+
+pytestmark = pytest.mark.gpu
+
+FLOATS = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def on_cuda(name):
+    model, inputs = model_case(name)
+    return model.cuda(), tuple(i.cuda() for i in inputs)
+
+
+def gradients(model, inputs, backend, steps=1, **compile_kwargs):
+    model = copy.deepcopy(model)
+    compiled = torch.compile(model, backend=backend, **compile_kwargs)
+    draws = []
+    for _ in range(steps):
+        model.zero_grad(set_to_none=True)
+        projection_loss(compiled(*inputs)).backward()
+        draws.append(flat_grad(model).clone())
+    return draws
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+@pytest.mark.parametrize("numel", [1000, (1 << 20) + 3])
+def test_compiled_kernels_write_the_references_blob(dtype, bits, numel):
+    from gact_fx.runtime import format as fmt
+    from gact_fx.runtime import noise
+    from gact_fx.runtime import triton_kernels as tk
+    from gact_fx.runtime.reference import dequantize_reference, quantize_reference
+
+    x = (torch.randn(numel, device="cuda") * 3).to(dtype)
+    x[7], x[numel // 2] = float("-inf"), float("-inf")  # special values take the same path
+    key = noise.key_of(0xC0FFEE, 3, device="cuda")
+    expected = quantize_reference(x, bits, 256, noise.rounding_noise(fmt.num_groups(numel, 256), 256, key))
+    blob = tk.quantize(x, bits, 256, key=key)
+    assert torch.equal(blob, expected)
+    decoded, reference = tk.dequantize(blob, numel, dtype, 256), dequantize_reference(blob, numel, dtype, 256)
+    assert torch.equal(decoded.isinf(), reference.isinf())
+    finite = reference.isfinite()
+    # fused multiply-add on the GPU: one rounding fewer in fp32, so at most an ulp of the dtype apart
+    torch.testing.assert_close(decoded[finite].float(), reference[finite].float(), rtol=torch.finfo(dtype).eps, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["mlp", "block", "conv"])
+def test_training_through_inductor_and_the_kernels(name):
+    model, inputs = on_cuda(name)
+    (expected,) = gradients(model, inputs, baseline_backend("inductor"))
+    (exact,) = gradients(model, inputs, gact_fx.backend(bits=32, compiler="inductor"))
+    torch.testing.assert_close(exact, expected, rtol=1e-5, atol=1e-6)
+    (eight,) = gradients(model, inputs, gact_fx.backend(bits=8, compiler="inductor"))
+    assert 0 < relative_error(eight, expected) < 2e-2
+    draws = gradients(model, inputs, gact_fx.backend(bits=2, compiler="inductor"), steps=16)
+    single = sum(relative_error(d, expected) for d in draws) / len(draws)
+    assert single / relative_error(torch.stack(draws).mean(0), expected) >= 2.5  # unbiased
+
+
+def test_cuda_graphs_draw_fresh_noise_on_every_replay():
+    from torch._dynamo.utils import counters
+
+    model, inputs = on_cuda("block")
+    (expected,) = gradients(model, inputs, baseline_backend("inductor"))
+    counters.clear()
+    draws = gradients(model, inputs, gact_fx.backend(bits=2, compiler="inductor"), steps=18, mode="reduce-overhead")
+    assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
+    draws = draws[2:]  # the first calls warm up and record; the rest are replays
+    assert all(not torch.equal(a, b) for a, b in zip(draws, draws[1:]))  # frozen noise would repeat itself
+    single = sum(relative_error(d, expected) for d in draws) / len(draws)
+    assert single / relative_error(torch.stack(draws).mean(0), expected) >= 2.5
+
+
+def test_adaptive_bits_train_on_cuda():
+    model, inputs = on_cuda("block")
+    (expected,) = gradients(model, inputs, baseline_backend("inductor"))
+    backend = gact_fx.backend(level="L2", compiler="inductor", adapt_interval=2)
+    draws = gradients(model, inputs, backend, steps=4)
+    assert backend.controller.average_bits() <= 4 + 1e-9
+    assert all(relative_error(d, expected) < 0.2 for d in draws)
+
+
+def test_the_aten_lowering_matches_the_ops_on_cuda():
+    model, inputs = on_cuda("block")
+    (expected,) = gradients(model, inputs, baseline_backend("inductor"))
+    gact_fx.manual_seed(3)
+    (by_ops,) = gradients(model, inputs, gact_fx.backend(bits=8, compiler="inductor", lowering="op"))
+    gact_fx.manual_seed(3)
+    (by_aten,) = gradients(model, inputs, gact_fx.backend(bits=8, compiler="inductor", lowering="aten"))
+    assert relative_error(by_aten, expected) < 2e-2
+    # the same noise; Inductor's own arithmetic may round a code differently at its edge
+    assert relative_error(by_aten, by_ops) < 2e-3
+
+
+def test_offloading_moves_the_blobs_off_the_gpu():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.GELU()) for _ in range(8)]).cuda()
+    x = torch.randn(4096, 1024, device="cuda")
+    peaks, grads = {}, {}
+    for offload in (False, True):
+        gact_fx.manual_seed(0)
+        compiled = torch.compile(copy.deepcopy(model), backend=gact_fx.backend(bits=8, offload=offload, compiler="inductor"))
+        compiled(x).sum().backward()  # compile and warm up
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        out = compiled(x)
+        held = torch.cuda.memory_allocated() - before  # what the forward keeps on the GPU for the backward
+        out.sum().backward()
+        peaks[offload] = held
+        grads[offload] = torch.cat([p.grad.flatten() for p in compiled.parameters()])
+    assert peaks[True] < 0.5 * peaks[False]
+    assert relative_error(grads[True], grads[False]) < 2e-2
+
+
+def test_peak_memory_falls_at_two_bits():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.GELU()) for _ in range(8)]).cuda()
+    x = torch.randn(8192, 1024, device="cuda")
+    peaks = {}
+    for name, backend in (("baseline", baseline_backend("inductor")), ("gact", gact_fx.backend(bits=2, compiler="inductor"))):
+        compiled = torch.compile(copy.deepcopy(model), backend=backend)
+        compiled(x).sum().backward()
+        torch.cuda.synchronize()
+        start = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        compiled(x).sum().backward()
+        peaks[name] = torch.cuda.max_memory_allocated() - start
+    assert peaks["gact"] < 0.6 * peaks["baseline"], peaks
