@@ -104,6 +104,8 @@ def main(argv=None) -> int:
     bench_parser.add_argument("--device", choices=("cpu", "cuda"))
     bench_parser.add_argument("--out", default="benchmarks/results", help="directory for JSON, CSV and figures")
     bench_parser.add_argument("--markdown", help="report to write (default: OUT/BENCHMARKS.md)")
+    bench_parser.add_argument("--report-only", action="store_true", help="measure nothing: write the report from the "
+                              "result files already in OUT (e.g. after --gpu-suite)")
     bench_parser.set_defaults(run=bench)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")

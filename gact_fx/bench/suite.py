@@ -107,6 +107,10 @@ def run_accuracy(tasks, methods, *, steps_scale: float, compiler: str) -> list[d
 
 
 def main(args) -> int:
+    if args.report_only:
+        markdown = write_markdown(pathlib.Path(args.out), pathlib.Path(args.markdown) if args.markdown else pathlib.Path(args.out) / "BENCHMARKS.md")
+        print(f"wrote {markdown} from the result files in {args.out}")
+        return 0
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cpu":
         torch.set_num_threads(1)  # step-time ratios on a quiet core

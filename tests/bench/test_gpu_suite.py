@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from gact_fx.bench import gpu_suite
-from gact_fx.bench.markdown import write_markdown
 from gact_fx.cli import main as cli
 
 
@@ -39,8 +38,10 @@ def test_the_suite_runs_small_on_the_cpu_and_writes_its_results(tmp_path):
     assert resnet["error"] is None or "torchvision" in resnet["error"]
     text = (tmp_path / "gpu_suite.md").read_text()
     assert "| llama-like | gact 2 bit |" in text and result["markdown"] == text
-    report = write_markdown(tmp_path, tmp_path / "BENCHMARKS.md").read_text()
+    assert cli(["bench", "--report-only", "--out", str(tmp_path), "--markdown", str(tmp_path / "B.md")]) == 0
+    report = (tmp_path / "B.md").read_text()
     assert "## GPU suite" in report and "| bert-large-like | torch.compile |" in report
+    assert "No section below was measured on a GPU" in report  # this one ran on the CPU
 
 
 def test_the_test_summary_reads_pytests_junit_report(tmp_path):
