@@ -1,9 +1,14 @@
-"""Convergence on real data, offline: final metric and curves per gact level.
+"""Convergence on real data, offline: final metric, curves and gradient norms per gact level.
 
     python benchmarks/convergence.py --task mnist1d --steps 2000
     python benchmarks/convergence.py --task charlm --steps 1000 --methods fp32 "L1.2 (2 bit)" "L2.2 (adaptive 2)"
 
-Writes benchmarks/results/convergence_<task>.json and .png, and prints a Markdown table.
+Methods can run in separate processes (``--part NAME`` writes ``convergence_<task>.NAME.json``)
+and be merged (``--merge``), so that two cores train two methods at once. Writes
+benchmarks/results/convergence_<task>.json and .png (the metric, and each run's gradient
+norm against fp32's), and prints a Markdown table: the final metric against fp32, the
+largest ratio of a run's gradient norm to fp32's at the same step, the average bits and
+the activation bytes it actually reached.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import torch
 
 from gact_fx.bench.metadata import metadata
 from gact_fx.bench.tasks import TASKS
-from gact_fx.bench.train import METHODS, train
+from gact_fx.bench.train import METHODS, TrainResult, train
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 
@@ -29,17 +34,52 @@ def plot(results, task, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(7, 4.5))
+    figure, (axis, norms) = plt.subplots(1, 2, figsize=(12, 4.5))
     for result in results:
         steps, values = zip(*result.curve) if result.curve else ((), ())
-        axis.plot(steps, values, label=result.method, linewidth=2 if result.method == "fp32" else 1.2)
+        width = 2 if result.method == "fp32" else 1.2
+        axis.plot(steps, values, label=result.method, linewidth=width)
+        if result.grad_norms:
+            norms.plot(range(1, len(result.grad_norms) + 1), result.grad_norms, label=result.method, linewidth=width * 0.6)
     axis.set_xlabel("step")
     axis.set_ylabel(task.metric)
     axis.set_title(f"{task.name}: {task.metric} by gact level (CPU)")
-    axis.grid(alpha=0.3)
-    axis.legend(fontsize=8)
+    norms.set_xlabel("step")
+    norms.set_ylabel("gradient norm")
+    norms.set_yscale("log")
+    norms.set_title("gradient norm")
+    for a in (axis, norms):
+        a.grid(alpha=0.3)
+        a.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
+
+
+def max_norm_ratio(result: TrainResult, reference: TrainResult | None) -> float | None:
+    """The largest ratio of ``result``'s gradient norm to the reference's at the same step."""
+    if reference is None or not result.grad_norms or result is reference:
+        return None
+    pairs = [(a, b) for a, b in zip(result.grad_norms, reference.grad_norms) if b > 0]
+    return max((a / b for a, b in pairs), default=None)
+
+
+def table(results: list[TrainResult], task) -> str:
+    reference = next((r for r in results if r.method == "fp32"), None)
+    lines = [f"| method | final {task.metric} | vs fp32 | max gradient norm / fp32's | average bits | activations "
+             "| train time s |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in results:
+        if reference is None or r.diverged:
+            delta = "diverged" if r.diverged else "-"
+        elif task.higher_is_better:
+            delta = f"{100 * (r.final - reference.final):+.2f} pp"
+        else:
+            delta = f"{100 * (r.final - reference.final) / reference.final:+.2f}%"
+        ratio = max_norm_ratio(r, reference)
+        bits = "-" if r.average_bits is None else f"{r.average_bits:.2f}"
+        saved = "-" if r.activation_ratio is None else f"{r.activation_ratio:.1f}x smaller"
+        lines.append(f"| {r.method} | {r.final:.4f} | {delta} | {'-' if ratio is None else f'{ratio:.2f}x'} | {bits} | "
+                     f"{saved} | {r.seconds:.0f} |")
+    return "\n".join(lines)
 
 
 def main(argv=None):
@@ -50,9 +90,16 @@ def main(argv=None):
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--part", help="write convergence_<task>.PART.json only (merge the parts later)")
+    parser.add_argument("--merge", nargs="+", metavar="PART", help="merge these parts into convergence_<task>.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     task = TASKS[args.task](seed=args.seed)
+    stem = RESULTS / f"convergence_{args.task}"
+    if args.merge:
+        parts = [json.loads(stem.with_suffix(f".{name}.json").read_text()) for name in args.merge]
+        results = [TrainResult(**r) for part in parts for r in part["results"]]
+        return write(results, task, stem, parts[0]["meta"])
     results = []
     for method in args.methods:
         def progress(result):
@@ -63,22 +110,18 @@ def main(argv=None):
         torch._dynamo.reset()
         results.append(train(task, method, METHODS[method], steps=args.steps, eval_every=args.eval_every, seed=args.seed, progress=progress))
     RESULTS.mkdir(exist_ok=True)
-    stem = RESULTS / f"convergence_{args.task}"
-    meta = metadata("cpu") | {"compiler": "auto (eager on the CPU)"}
+    meta = metadata("cpu") | {"compiler": "auto (eager on the CPU)", "threads": args.threads}
+    if args.part:
+        stem.with_suffix(f".{args.part}.json").write_text(
+            json.dumps({"meta": meta, "results": [dataclasses.asdict(r) for r in results]}, indent=1))
+        return None
+    return write(results, task, stem, meta)
+
+
+def write(results: list[TrainResult], task, stem: pathlib.Path, meta: dict) -> None:
     stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": [dataclasses.asdict(r) for r in results]}, indent=1))
     plot(results, task, stem.with_suffix(".png"))
-    reference = next((r for r in results if r.method == "fp32"), None)
-    print(f"| method | final {task.metric} | vs fp32 | average bits | train time s |")
-    print("| --- | --- | --- | --- | --- |")
-    for r in results:
-        if reference is None or r.diverged:
-            delta = "diverged" if r.diverged else "-"
-        elif task.higher_is_better:
-            delta = f"{100 * (r.final - reference.final):+.2f} pp"
-        else:
-            delta = f"{100 * (r.final - reference.final) / reference.final:+.2f}%"
-        bits = "-" if r.average_bits is None else f"{r.average_bits:.2f}"
-        print(f"| {r.method} | {r.final:.4f} | {delta} | {bits} | {r.seconds:.0f} |")
+    print(table(results, task))
 
 
 if __name__ == "__main__":

@@ -330,6 +330,14 @@ def inside_ddp_forward() -> bool:
     return DistributedDataParallel._get_active_ddp_module() is not None
 
 
+def compile_cpp_library(source: str):
+    """Compile C++ ``source`` into a shared library with Inductor's CPU toolchain and flags
+    (OpenMP, no fused multiply-add) and load it (a ``ctypes.CDLL``); cached on disk."""
+    from torch._inductor.codecache import CppCodeCache
+
+    return CppCodeCache.load(source)
+
+
 def register_inductor_random() -> None:
     """Register ``prims.inductor_random`` (Philox keyed by a seed tensor, inside Inductor's kernels)."""
     import torch._inductor.inductor_prims  # noqa: F401
@@ -461,4 +469,6 @@ CONTRACTS: tuple[Contract, ...] = (
     Contract(f"meta[{META_MODULE_STACK!r}]", _read_by(META_MODULE_STACK, "torch._dynamo.output_graph")),
     Contract(f"meta[{META_SOURCE_FN_STACK!r}]", _read_by(META_SOURCE_FN_STACK, "torch._dynamo.output_graph")),
     Contract("Tag.needs_exact_strides", lambda: torch.Tag.needs_exact_strides),
+    Contract("codecache.CppCodeCache.load compiles and loads C++",
+             lambda: compile_cpp_library('extern "C" int gact_contract(void) { return 7; }').gact_contract() == 7 or None),
 )

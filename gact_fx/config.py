@@ -93,13 +93,28 @@ class GactConfig:
     """Also compress saved non-parameter graph inputs: the activations that cross a
     graph break into this graph."""
 
+    compress_outputs: bool = True
+    """Also compress the model outputs the backward saves (transformers' KV caches, the
+    logits): the caller still gets them in full precision, and a caller that keeps only
+    the loss drops them, leaving the backward's compressed copy. A caller that keeps its
+    outputs pays ``(bits + 0.25) / 32`` of them extra."""
+
+    nonlinear_bits: int = 8
+    """At least this many bits for saved tensors the backward consumes through an
+    exponential or a singularity (``passes.uses``: attention's query, key and
+    logsumexp, a log-softmax output), whose rounding noise would otherwise bias the
+    gradient; 32 keeps them exact, 1 lifts the floor. Per-tensor ``overrides`` win."""
+
     def __post_init__(self) -> None:
         _check_type("enabled", self.enabled, bool)
         _check_type("compress_inputs", self.compress_inputs, bool)
+        _check_type("compress_outputs", self.compress_outputs, bool)
         _check_type("offload", self.offload, bool)
-        for name in ("bits", "group_size", "min_numel", "adapt_interval", "probe_bits", "probe_tensors"):
+        for name in ("bits", "group_size", "min_numel", "adapt_interval", "probe_bits", "probe_tensors", "nonlinear_bits"):
             _check_type(name, getattr(self, name), int)
         fmt.check_bits(self.bits)
+        if self.nonlinear_bits not in fmt.SUPPORTED_BITS:
+            raise ValueError(f"nonlinear_bits must be one of {fmt.SUPPORTED_BITS}, got {self.nonlinear_bits!r}")
         if self.avg_bits is not None:
             if isinstance(self.avg_bits, bool) or not isinstance(self.avg_bits, (int, float)):
                 raise ValueError(f"avg_bits must be a number, got {self.avg_bits!r}")

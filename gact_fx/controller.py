@@ -7,19 +7,26 @@ widths on their sites (``runtime.registry``) and changes them without recompilin
 Sensitivity probe (GACT's estimator, without a closure from the user): on a probe step
 the region's forward also keeps exact copies of a few tensors (at most
 ``probe_tensors``, in rotation), and their blobs carry a token that names that call.
-When the backward reaches the region, a hook that
-receives the real output gradients re-runs the region's compiled backward
-(``torch.autograd.grad(..., retain_graph=True)``): once with those tensors exact, then
-once per tensor with only it quantized at ``probe_bits`` bits. Each difference gives
-``C_l = ||g_l - g_exact||^2 / S(probe_bits)``, GACT's definition (``E||g(s) - g(s')||^2 =
-2 C_l S(b)`` for two seeds is twice the same thing). The step's own backward then uses
-the exact copies, so a probe step trains uncompressed for those tensors. Probing runs on
-every step until each tensor has been measured once, then every ``adapt_interval``
-forward calls of the graph (a block compiled once and called N times per step counts
-N); after each, the bits are re-solved (``allocation.solve``) under the average-bits
-budget, which holds per compiled graph. One probe per graph is in flight at a time: a
-graph called again before its probe's backward has run simply runs compressed, and a
-probe whose outputs are dropped without a backward ends when autograd frees its graph.
+When the backward reaches the region, a hook that receives the real output gradients
+re-runs the region's compiled backward (``torch.autograd.grad(..., retain_graph=True)``):
+once with those tensors exact, then per tensor with only it quantized at ``probe_bits``
+bits. Each difference gives ``C_l = ||g_l - g_exact||^2 / S(b)``, GACT's definition
+(``E||g(s) - g(s')||^2 = 2 C_l S(b)`` for two seeds is twice the same thing). A float
+tensor goes to 1 bit only if it was measured at 1 bit (``probe_bits=1``): extrapolated
+from 2 bits the variance model underestimates 1-bit noise badly, and even measured one
+tensor at a time, many tensors at 1 bit together were 3x noisier than uniform 2 bits
+on a character LM. No tensor goes below the floor of its use in the backward
+(``passes.uses``). The step's own backward then uses the exact copies, so a probe step
+trains uncompressed for those tensors.
+
+When (``schedule``): every step until each tensor has been measured once, then after an
+interval that starts at ``adapt_interval / 64`` forward calls of the graph and doubles
+up to ``adapt_interval`` (a block compiled once and called N times per step counts N),
+and again at once when the norm of the graph's gradients jumps. After each probe the
+bits are re-solved (``allocation.solve``) under the average-bits budget, which holds
+per compiled graph. One probe per graph is in flight at a time: a graph called again
+before its probe's backward has run simply runs compressed, and a probe whose outputs
+are dropped without a backward ends when autograd frees its graph.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import logging
 import math
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.autograd.graph import GradientEdge
@@ -38,6 +45,7 @@ from . import _compat
 from .allocation import AllocationProblem, quantization_variance, solve
 from .runtime.noise import fmix32
 from .runtime.registry import EXACT, Requantize, Site, stashing
+from .schedule import GradientMonitor, ProbeSchedule
 
 log = logging.getLogger("gact_fx")
 
@@ -52,7 +60,8 @@ class TrackedTensor:
     name: str
     numel: int
     itemsize: int
-    sensitivity: float | None = None
+    floor: int = 1  # the fewest bits its use in the backward allows (``passes.uses``)
+    sensitivity: float | None = None  # C_l, measured at ``probe_bits``
 
     @property
     def slot(self) -> int:
@@ -84,9 +93,10 @@ class Region:
 
     index: int
     tensors: list[TrackedTensor]
+    schedule: ProbeSchedule
+    monitor: GradientMonitor = field(default_factory=GradientMonitor)
     calls: int = 0
     next_probe: int = 0  # rotation pointer into ``tensors``
-    probe_at_call: int = 1  # once fully measured, the call that probes next
     adaptations: int = 0
     failed_probes: int = 0
     backward_type_known: bool = False
@@ -95,6 +105,11 @@ class Region:
     @property
     def fully_measured(self) -> bool:
         return all(t.sensitivity is not None for t in self.tensors)
+
+    @property
+    def probe_at_call(self) -> int:
+        """Once fully measured, the call that probes next."""
+        return self.schedule.next_call
 
 
 @dataclass(frozen=True)
@@ -115,7 +130,7 @@ class GactController:
     # -- registration --------------------------------------------------------------------
 
     def add_region(self, index: int, tensors: Sequence[TrackedTensor]) -> Region:
-        region = Region(index, list(tensors))
+        region = Region(index, list(tensors), ProbeSchedule(self.settings.adapt_interval))
         self.regions[index] = region
         if self._pending_state is not None:
             self._apply_state(region, self._pending_state)
@@ -127,15 +142,40 @@ class GactController:
         @functools.wraps(compiled_forward)
         def forward(*args):
             region.calls += 1
-            if not (torch.is_grad_enabled() and self._probe_due(region)):
+            training = torch.is_grad_enabled()
+            if training:
+                self._check_gradient_norm(region)
+            if not (training and self._probe_due(region)):
                 outputs = compiled_forward(*args)
             else:
                 outputs = self._probe_step(region, compiled_forward, args)
-            if not region.backward_type_known and torch.is_grad_enabled():
-                region.backward_type_known = _note_backward_type(outputs)
+            if training:
+                self._watch_gradient(region, outputs)
             return outputs
 
         return forward
+
+    def _watch_gradient(self, region: Region, outputs) -> None:
+        """Note the norm of the gradients this call's backward computes (not the probe's re-runs)."""
+        node = _compiled_node_of(_differentiable(outputs))
+        if node is None:
+            return
+        if not region.backward_type_known:
+            _compat.allow_backward_rerun(node)  # compiled without donated buffers: the probe re-runs it
+            region.backward_type_known = True
+
+        def note(grad_inputs, grad_outputs):
+            if not self._measuring:
+                region.monitor.note(grad_inputs)
+
+        node.register_hook(note)
+
+    def _check_gradient_norm(self, region: Region) -> None:
+        ratio = region.monitor.jumped()
+        if ratio is not None and region.fully_measured and region.in_flight is None:
+            region.schedule.restart(region.calls)
+            log.info("gact: the gradient norm of graph %d jumped %.3gx at call %d: measuring its sensitivities again",
+                     region.index, ratio, region.calls)
 
     # -- views ---------------------------------------------------------------------------
 
@@ -164,7 +204,7 @@ class GactController:
             return False
         if not region.fully_measured:
             return region.failed_probes < MAX_FAILED_PROBES
-        return region.calls >= region.probe_at_call
+        return region.schedule.due(region.calls)
 
     def _probe_targets(self, region: Region) -> list[TrackedTensor]:
         unmeasured = [t for t in region.tensors if t.sensitivity is None]
@@ -182,9 +222,7 @@ class GactController:
         wrt = _gradient_targets(args)
         with stashing(slots):
             outputs = compiled_forward(*args)
-        flat_outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
-        differentiable = [o for o in flat_outputs if isinstance(o, torch.Tensor) and o.requires_grad]
-        node = _compiled_node_of(differentiable) if differentiable and wrt else None
+        node = _compiled_node_of(_differentiable(outputs)) if wrt else None
         if node is None:
             _release(targets)
             self._probe_failed(region)
@@ -192,7 +230,7 @@ class GactController:
         probe = _Probe(targets, wrt)
         region.in_flight = probe
         if region.fully_measured:
-            region.probe_at_call = region.calls + self.settings.adapt_interval
+            region.schedule.probed(region.calls)
         self._hook_probe(region, probe, targets, node)
         return outputs
 
@@ -257,22 +295,22 @@ class GactController:
             parts = [r.detach().flatten().float() for r in result if r is not None]
             return torch.cat(parts) if parts else torch.zeros(0)
 
-        scale = quantization_variance(self.settings.probe_bits)
+        bits = self.settings.probe_bits
         for target in targets:
             target.site.substitute = EXACT
         self._measuring = True
         try:
             exact = gradient()
             for target in targets:
-                target.site.substitute = Requantize(self.settings.probe_bits, _fresh_key(target.site))
+                target.site.substitute = Requantize(bits, _fresh_key(target.site))
                 squared = float(((gradient() - exact) ** 2).sum())
                 target.site.substitute = EXACT  # the step's own backward then uses exact values
-                target.sensitivity = squared / scale if math.isfinite(squared) else math.inf
+                target.sensitivity = squared / quantization_variance(bits) if math.isfinite(squared) else math.inf
         finally:
             self._measuring = False
         if region.fully_measured:
             if region.adaptations == 0:
-                region.probe_at_call = region.calls + self.settings.adapt_interval
+                region.schedule.probed(region.calls)
             self._allocate(region)
         return True
 
@@ -283,15 +321,19 @@ class GactController:
             [t.numel for t in adaptive],
             self.settings.avg_bits,
             full_bits=tuple(8 * t.itemsize for t in adaptive),
+            floors=tuple(t.floor for t in adaptive),
+            one_bit=tuple(t.sensitivity if self.settings.probe_bits == 1 else None for t in adaptive),
         )
         for tensor, bits in zip(adaptive, solve(problem)):
             tensor.bits = bits
         region.adaptations += 1
         histogram = {b: sum(1 for t in adaptive if t.bits == b) for b in sorted({t.bits for t in adaptive})}
+        least = problem.cost([problem.rungs(i)[-1] for i in range(len(adaptive))]) / max(1, sum(problem.numels))
         log.info(
-            "gact adapted graph %d at call %d: %d tensors, %.2f average bits (budget %.2f), "
+            "gact adapted graph %d at call %d: %d tensors, %.2f average bits (budget %.2f%s), "
             "predicted gradient variance %.3g, bits %s",
             region.index, region.calls, len(adaptive), self.average_bits(region), self.settings.avg_bits,
+            f"; the least the floors allow is {least:.2f}" if least > self.settings.avg_bits + 1e-9 else "",
             problem.variance([t.bits for t in adaptive]), histogram,
         )
 
@@ -299,12 +341,12 @@ class GactController:
 
     def state_dict(self) -> dict:
         return {
-            "version": 1,
+            "version": 2,
             "regions": {
                 region.index: {
                     "calls": region.calls,
                     "next_probe": region.next_probe,
-                    "probe_at_call": region.probe_at_call,
+                    "schedule": region.schedule.state_dict(),
                     "adaptations": region.adaptations,
                     "tensors": {t.name: {"bits": t.bits, "sensitivity": t.sensitivity} for t in region.tensors},
                 }
@@ -313,8 +355,9 @@ class GactController:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore bits, sensitivities and the schedule; regions compiled later get theirs then."""
-        if state.get("version") != 1:
+        """Restore bits, sensitivities and the schedule; regions compiled later get theirs then.
+        Reads version 1 (before the growing schedule) too."""
+        if state.get("version") not in (1, 2):
             raise ValueError(f"unknown gact controller state version {state.get('version')!r}")
         self._pending_state = state
         for region in self.regions.values():
@@ -327,11 +370,15 @@ class GactController:
         by_name = saved["tensors"]
         for tensor in region.tensors:
             if tensor.name in by_name:
-                tensor.bits = by_name[tensor.name]["bits"]
+                tensor.bits = max(by_name[tensor.name]["bits"], tensor.floor)
                 tensor.sensitivity = by_name[tensor.name]["sensitivity"]
         region.calls = saved["calls"]
         region.next_probe = saved["next_probe"]
-        region.probe_at_call = saved.get("probe_at_call", region.calls + 1)
+        if "schedule" in saved:
+            region.schedule.load_state_dict(saved["schedule"])
+        else:  # version 1
+            region.schedule.next_call = saved.get("probe_at_call", region.calls + 1)
+            region.schedule.interval = self.settings.adapt_interval
         region.adaptations = saved["adaptations"]
 
 
@@ -355,6 +402,8 @@ def _gradient_targets(args) -> list[torch.Tensor]:
 
 def _compiled_node_of(outputs: list[torch.Tensor]):
     """The AOTAutograd node that produced ``outputs`` (through view nodes), or None."""
+    if not outputs:
+        return None
     node = outputs[0].grad_fn
     seen = set()
     while node is not None and not _compat.is_compiled_node(node) and node not in seen:
@@ -364,10 +413,6 @@ def _compiled_node_of(outputs: list[torch.Tensor]):
     return node
 
 
-def _note_backward_type(outputs) -> bool:
+def _differentiable(outputs) -> list[torch.Tensor]:
     flat = outputs if isinstance(outputs, (list, tuple)) else [outputs]
-    differentiable = [o for o in flat if isinstance(o, torch.Tensor) and o.grad_fn is not None]
-    node = _compiled_node_of(differentiable) if differentiable else None
-    if node is not None:
-        _compat.allow_backward_rerun(node)  # compiled without donated buffers: the probe re-runs it
-    return node is not None
+    return [o for o in flat if isinstance(o, torch.Tensor) and o.grad_fn is not None]

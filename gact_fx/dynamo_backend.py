@@ -154,8 +154,9 @@ class GactBackend:
         for compression in record.compressions:
             if compression.bits == RUNTIME_BITS:
                 site = self.registry.sites[compression.slot]
-                site.bits = initial_bits
-                tracked.append(TrackedTensor(site, compression.label, compression.numel, compression.itemsize))
+                site.bits = max(initial_bits, compression.floor)
+                tracked.append(TrackedTensor(site, compression.label, compression.numel, compression.itemsize,
+                                             floor=compression.floor))
         return tracked
 
     def report(self) -> Report:

@@ -3,9 +3,11 @@
 ``SavedBytesMeter`` counts, through ``torch.autograd.graph.saved_tensors_hooks``, the
 bytes of every distinct storage saved while it is active (compiled graphs save their
 tensors through the same mechanism), leaving out the storages of given tensors
-(parameters and buffers, which are saved by reference and cost nothing extra) and,
-in ``saved_activation_bytes``, of the model's outputs, which the caller holds anyway.
-These are the same rules the report's totals follow.
+(parameters and buffers, which are saved by reference and cost nothing extra).
+``saved_activation_bytes`` counts what the backward holds when the caller keeps only the
+loss: the model's outputs that autograd saved are counted too (transformers' KV caches
+and logits), since the backward's reference is then the only one. These are the rules
+the report's totals follow (which count copies of weights apart).
 
 Saved-tensor hooks do not nest (only the innermost pair runs), so code that installs
 its own, like gact's hook fallback, reports what it keeps through ``note_saved``.
@@ -18,7 +20,6 @@ from collections.abc import Iterable
 
 import torch
 
-from ._compat import tree_leaves
 
 # The meters counting in this context (a call's state: a ContextVar, not a global list).
 _ACTIVE_METERS: contextvars.ContextVar[tuple[SavedBytesMeter, ...]] = contextvars.ContextVar("gact_meters", default=())
@@ -68,10 +69,10 @@ class SavedBytesMeter:
 
 
 def saved_activation_bytes(model: torch.nn.Module, *inputs, **kwargs) -> int:
-    """Bytes of activations one forward call of ``model`` saves for backward."""
+    """Bytes one forward call of ``model`` leaves held for the backward when the caller
+    keeps only the loss: every storage autograd saved, but the parameters and buffers."""
     exclude = [*model.parameters(), *model.buffers()]
     with SavedBytesMeter(exclude=exclude) as meter:
         output = model(*inputs, **kwargs)
-    meter.exclude(t for t in tree_leaves(output) if isinstance(t, torch.Tensor))
     del output
     return meter.nbytes

@@ -24,6 +24,7 @@ from .passes.plan import BitsChooser, Compression, PlanOptions, assign_bits, pla
 from .passes.rewrite import apply_plan
 from .passes.saved import SavedGraph, find_saved
 from .passes.snapshot import graph_view
+from .passes.uses import classify_uses
 from .report import GraphRecord
 from .runtime.format import RUNTIME_BITS
 
@@ -33,16 +34,25 @@ _GRAPH_PREFIX = re.compile(r"^g\d+/")  # ``label_prefix`` of graphs after the fi
 def bits_chooser(config: GactConfig) -> BitsChooser:
     """Per-tensor overrides first; then run-time bits (adaptive) or the uniform ``bits``."""
 
-    def choose(compression: Compression) -> int:
+    def choose(compression: Compression) -> tuple[int, str]:
         # Labels of graphs after the first carry a ``g<index>/`` prefix; a pattern may
         # name the tensor with or without it.
         names = {compression.label, _GRAPH_PREFIX.sub("", compression.label)}
         for pattern, bits in config.overrides:
-            if any(fnmatch.fnmatchcase(name, pattern) for name in names):
-                return bits
-        return RUNTIME_BITS if config.adaptive else compression.bits
+            # A name itself matches before its glob reading: ``qkv:linear[0]`` has brackets.
+            if pattern in names or any(fnmatch.fnmatchcase(name, pattern) for name in names):
+                return bits, f"override {pattern!r}"
+        if config.adaptive:
+            return RUNTIME_BITS, f"adaptive (average {config.avg_bits:g})"
+        return compression.bits, "uniform"
 
     return choose
+
+
+def _uses(bw: fx.GraphModule, saved: SavedGraph):
+    """How the backward consumes each saved tensor, by its position in the saved section."""
+    found = classify_uses(bw, [v.bw_placeholder for v in saved.tensors])
+    return {v.position: found[v.bw_placeholder] for v in saved.tensors}
 
 
 def stock_partitioner(name: str) -> Callable:
@@ -70,9 +80,9 @@ class GactPartitioner:
         self.on_record = on_record
         self.allocate_slot = allocate_slot
 
-    def _lossy_positions(self, saved: SavedGraph, options: PlanOptions) -> set[int]:
+    def _lossy_positions(self, bw: fx.GraphModule, saved: SavedGraph, options: PlanOptions) -> set[int]:
         """Positions of the saved values the plan would store below full precision."""
-        plan = plan_compression(saved, options, allocate_slot=lambda: -1)  # a dry run: no slots taken
+        plan = plan_compression(saved, options, allocate_slot=lambda: -1, uses=_uses(bw, saved))  # a dry run: no slots
         plan = assign_bits(plan, bits_chooser(self.config), estimate_bits=self.config.initial_bits)
         return {m.position for c in plan.compressions if c.is_float and c.bits != 32 for m in c.members}
 
@@ -103,12 +113,14 @@ class GactPartitioner:
             group_size=self.config.group_size,
             min_numel=self.config.min_numel,
             compress_inputs=self.config.compress_inputs,
+            compress_outputs=self.config.compress_outputs,
             enabled=self.config.enabled,
             label_prefix=f"g{self.graph_index}/" if self.graph_index else "",
+            nonlinear_bits=self.config.nonlinear_bits,
         )
-        if self.config.enabled and hoist_comparisons(fw, bw, saved, self._lossy_positions(saved, options)):
+        if self.config.enabled and hoist_comparisons(fw, bw, saved, self._lossy_positions(bw, saved, options)):
             saved = find_saved(fw, bw, num_fwd_outputs, static_indices)
-        plan = plan_compression(saved, options, allocate_slot=self.allocate_slot)
+        plan = plan_compression(saved, options, allocate_slot=self.allocate_slot, uses=_uses(bw, saved))
         plan = assign_bits(plan, bits_chooser(self.config), estimate_bits=self.config.initial_bits)
         record = GraphRecord.build(
             index=self.graph_index, compiler=self.compiler, config=self.config, baseline=baseline, saved=saved, plan=plan

@@ -6,9 +6,10 @@ kept): a row per saved value and a ``CompressionRecord`` per compressed tensor. 
 ``Report`` is a snapshot of one backend's records with the bit widths in force when it
 was taken (adaptive sites change theirs at run time). Byte counts come from the graphs'
 metadata (``meta["val"]``, at the sizes of the first compile when shapes are dynamic),
-deduplicated by storage root, so an alias never counts twice. Only activations
-(intermediates and graph inputs) enter the totals: parameters and outputs are saved by
-reference and cost no extra memory.
+deduplicated by storage root, so an alias never counts twice. The totals count what
+the backward holds when the caller keeps only the loss: activations (intermediates,
+graph inputs, and the model outputs the backward saves). Parameters cost nothing extra;
+copies of weights (computed from parameters only) are counted apart.
 """
 
 from __future__ import annotations
@@ -48,10 +49,16 @@ class SavedTensorRow:
     stored_numel: int  # elements of ``source`` (0 on an alias row: counted on another row)
     slot: int | None = None
     group_size: int | None = None  # compressed rows
+    use: str = ""  # how the backward consumes it: linear, smooth, exponential (``passes.uses``)
+    bits_reason: str = ""  # why it has its bits
 
     @property
     def is_activation(self) -> bool:
         return self.kind in {k.value for k in COMPRESSIBLE_KINDS}
+
+    @property
+    def is_parameter_copy(self) -> bool:
+        return self.kind == SavedKind.PARAMETER_COPY.value
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,10 @@ class CompressionRecord:
     group_size: int
     bytes_before: int
     bytes_after: int
+    use: str = "linear"  # how the backward consumes it (``passes.uses``)
+    use_reason: str = ""
+    floor: int = 1  # the fewest bits its use allows
+    bits_reason: str = ""
 
     @property
     def is_float(self) -> bool:
@@ -105,6 +116,8 @@ def _rows(index: int, saved: SavedGraph, plan: CompressionPlan) -> list[SavedTen
                     stored_numel=layout_of(compression.source.meta["val"]).numel if first else 0,
                     slot=compression.slot,
                     group_size=compression.group_size,
+                    use=str(compression.use.use),
+                    bits_reason=compression.bits_reason,
                 )
             )
             continue
@@ -138,6 +151,10 @@ def _compression_records(plan: CompressionPlan) -> tuple[CompressionRecord, ...]
             group_size=c.group_size,
             bytes_before=c.bytes_before,
             bytes_after=c.bytes_after,
+            use=str(c.use.use),
+            use_reason=c.use.reason,
+            floor=c.floor,
+            bits_reason=c.bits_reason,
         )
         for c in plan.compressions
     )
@@ -153,6 +170,7 @@ class GraphRecord:
     rows: tuple[SavedTensorRow, ...]  # the bits of adaptive sites as compiled (RUNTIME_BITS)
     compressions: tuple[CompressionRecord, ...]
     baseline_activation_bytes: int  # what the stock partition saved, before any gact pass
+    parameter_copy_bytes: int = 0  # weights' copies the backward holds (not activations; not compressed)
     code_before: tuple[str, str] = ("", "")
     code_after: tuple[str, str] = ("", "")
     pass_seconds: float = 0.0
@@ -166,7 +184,7 @@ class GraphRecord:
     def build(cls, *, index, compiler, config, baseline: SavedGraph, saved: SavedGraph, plan: CompressionPlan) -> GraphRecord:
         """``baseline``: the stock partition's saved values; ``saved``: after gact's own passes."""
         return cls(index, compiler, config, tuple(_rows(index, saved, plan)), _compression_records(plan),
-                   activation_nbytes(baseline))
+                   activation_nbytes(baseline), activation_nbytes(saved, (SavedKind.PARAMETER_COPY,)))
 
     @property
     def activation_bytes_before(self) -> int:
@@ -222,6 +240,11 @@ class Report:
         return sum(self.activation_bytes_after_of(r) for r in self.records)
 
     @property
+    def parameter_copy_bytes(self) -> int:
+        """Copies of weights the backward holds (Inductor's conv weight layouts on the CPU): apart."""
+        return sum(r.parameter_copy_bytes for r in self.records)
+
+    @property
     def num_compressed(self) -> int:
         return sum(1 for r in self.rows if r.stored == "compressed")
 
@@ -251,6 +274,8 @@ class Report:
             f"total activations: {format_bytes(self.activation_bytes_before)} -> "
             f"{format_bytes(self.activation_bytes_after)} ({_ratio(self.activation_bytes_before, self.activation_bytes_after)})"
         )
+        if self.parameter_copy_bytes:
+            lines.append(f"weight copies held for the backward (not activations): {format_bytes(self.parameter_copy_bytes)}")
         return "\n".join(lines)
 
     def __str__(self) -> str:

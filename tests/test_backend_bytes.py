@@ -38,12 +38,14 @@ def measured_bytes(name, backend):
 
 
 @pytest.mark.parametrize("name", ["block", "bert"])
-def test_2_bits_saves_at_least_12x_and_matches_the_format(name):
+def test_2_bits_saves_at_least_9x_and_matches_the_format(name):
+    # 14x at 2 bits everywhere; attention's query and key at 8 bits (their exponential use) cost the rest
     baseline = measured_bytes(name, baseline_backend())
     backend = gact_fx.backend(bits=2)
     measured = measured_bytes(name, backend)
     report = backend.report()
-    assert baseline / measured >= 12, f"{baseline} -> {measured} bytes"
+    assert baseline / measured >= 9, f"{baseline} -> {measured} bytes"
+    assert {r.bits for r in report.rows if r.use == "exponential" and r.stored == "compressed"} == {8}
     assert measured == pytest.approx(format_prediction(report), rel=0.05)
     assert report.activation_bytes_before == pytest.approx(baseline, rel=0.05)
     # The physical limit: nothing beats (b + 0.25) / 32 of fp32 at b bits.

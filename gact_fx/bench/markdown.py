@@ -56,7 +56,8 @@ def suite_section(data: dict) -> str:
     rows, meta = data["rows"], data["meta"]
     lines = ["## Memory, speed and compile time\n", _meta(meta),
              f"Compiler for every method: {meta.get('compiler')}. Saved activations: what autograd keeps after one forward "
-             "(parameters, buffers and outputs left out), measured at run time. Peak: "
+             "when the caller keeps only the loss (saved outputs included; parameters and buffers left out), measured at "
+             "run time, less the copies of weights the backward holds, which are shown apart. Peak: "
              + ("`max_memory_allocated` over a step." if "CPU" not in meta.get("device", "") else
                 "the peak of a step's allocations above what it started with (CPU profiler).")
              + " Step time: median, as a ratio to torch.compile measured in the same run. Limit: the least a "
@@ -65,18 +66,20 @@ def suite_section(data: dict) -> str:
         group = [r for r in rows if (r["model"], r["size"]) == key]
         base = next((r for r in group if r["method"] == "torch.compile" and not r["error"]), None)
         lines.append(f"\n**{key[0]} ({key[1]})**, batch {group[0]['batch']}\n")
-        lines.append("| method | saved activations | vs torch.compile | limit | peak step memory | step time | compile s | max batch |")
-        lines.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        lines.append("| method | saved activations | vs torch.compile | limit | weight copies | peak step memory | "
+                     "step time | compile s | max batch |")
+        lines.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for r in group:
             if r["error"]:
-                lines.append(f"| {r['method']} | failed: {r['error'].replace('|', '/')} | | | | | | |")
+                lines.append(f"| {r['method']} | failed: {r['error'].replace('|', '/')} | | | | | | | |")
                 continue
+            copies = "-" if r.get("weight_copy_bytes") is None else format_bytes(r["weight_copy_bytes"])
             limit = f"{1 / ideal_ratio(r['bits']):.1f}x" if r.get("bits") else "-"
             time_ratio = f"{r['step_ms'] / base['step_ms']:.2f}x" if base else f"{r['step_ms']:.1f} ms"
             versus = "baseline" if r is base else _ratio(r["saved_bytes"], base and base["saved_bytes"])
             lines.append(
-                f"| {r['method']} | {format_bytes(r['saved_bytes'])} | {versus} | "
-                f"{limit} | {format_bytes(r['peak_bytes'])} | {time_ratio} | {r['compile_s']:.1f} | {r['max_batch'] or '-'} |"
+                f"| {r['method']} | {format_bytes(r['saved_bytes'])} | {versus} | {limit} | {copies} | "
+                f"{format_bytes(r['peak_bytes'])} | {time_ratio} | {r['compile_s']:.1f} | {r['max_batch'] or '-'} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -151,7 +154,7 @@ def write_markdown(results: pathlib.Path, target: pathlib.Path) -> pathlib.Path:
     if (results / "accuracy.json").exists():
         sections.append(accuracy_section(load(results / "accuracy.json"))
                         + _figure("training curves", results / "accuracy_curves.png", target))
-    for path in sorted(results.glob("convergence_*.json")):
+    for path in sorted(p for p in results.glob("convergence_*.json") if "." not in p.stem):  # not the parts
         sections.append(convergence_section(path, load(path), target))
     for name, (title, note) in TABLE_FILES.items():
         if (results / name).exists():

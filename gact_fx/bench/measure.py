@@ -1,7 +1,10 @@
 """One (model, method) measurement: compile time, step time, saved bytes, peak memory, max batch.
 
-* saved bytes: what autograd keeps after one forward (``gact_fx.measure``), parameters,
-  buffers and outputs left out: the activations the method is about;
+* saved bytes: what autograd keeps after one forward when the caller keeps only the loss
+  (``gact_fx.measure``: parameters and buffers left out, saved outputs counted), less
+  the copies of weights the backward holds (Inductor's conv weight layouts on the CPU;
+  from the compile's report), which are counted apart: the activations the method is
+  about;
 * peak memory: on CUDA ``max_memory_allocated`` over one step (weights included); on the
   CPU the peak of the allocations a step makes above what it started with, replayed
   from the profiler's ``[memory]`` events;
@@ -37,7 +40,8 @@ class Measurement:
     batch: int
     compile_s: float | None = None
     step_ms: float | None = None
-    saved_bytes: int | None = None
+    saved_bytes: int | None = None  # activations held for the backward
+    weight_copy_bytes: int | None = None  # copies of weights held for the backward (apart)
     peak_bytes: int | None = None
     max_batch: int | None = None
     bits: int | None = None
@@ -131,7 +135,9 @@ def measure(workload: Workload, method: Method, *, model: str, size: str, compil
                 lambda: runner.step(inputs), device=device, steps=steps, warming=runner.probing
             )
             # the compiled module's parameters and buffers are the model's: left out
-            result.saved_bytes = saved_activation_bytes(runner.compiled, *inputs)
+            held = saved_activation_bytes(runner.compiled, *inputs)
+            result.weight_copy_bytes = runner.backend.report().parameter_copy_bytes
+            result.saved_bytes = held - result.weight_copy_bytes
             if device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
                 runner.step(inputs)

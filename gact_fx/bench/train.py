@@ -38,9 +38,11 @@ class TrainResult:
     metric: str
     curve: list[tuple[int, float]] = field(default_factory=list)  # (step, metric)
     losses: list[tuple[int, float]] = field(default_factory=list)  # (step, training loss)
+    grad_norms: list[float] = field(default_factory=list)  # the gradient's norm at every step
     seconds: float = 0.0
     diverged: bool = False
-    average_bits: float | None = None
+    average_bits: float | None = None  # over every compressed float tensor, floors included
+    activation_ratio: float | None = None  # activation bytes without gact / with (the report)
 
     @property
     def final(self) -> float:
@@ -71,6 +73,7 @@ def _train(task, method, backend, options, steps, eval_every, seed, progress) ->
         loss = task.loss(compiled(*inputs), target)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        result.grad_norms.append(_gradient_norm(model))
         optimizer.step()
         schedule.step()
         if not torch.isfinite(loss):
@@ -83,7 +86,20 @@ def _train(task, method, backend, options, steps, eval_every, seed, progress) ->
             if progress is not None:
                 progress(result)
     result.seconds = time.perf_counter() - started
-    if backend.controller is not None and backend.controller.tensors():  # none: every tensor was too small
-        result.average_bits = backend.controller.average_bits()
+    result.average_bits, result.activation_ratio = _bits_reached(backend.report())
     return result
+
+
+def _gradient_norm(model: torch.nn.Module) -> float:
+    norms = [p.grad.detach().float().norm() for p in model.parameters() if p.grad is not None]
+    return float(torch.stack(norms).norm()) if norms else 0.0
+
+
+def _bits_reached(report) -> tuple[float | None, float | None]:
+    """Average bits over the compressed float tensors (in force at the end) and the activation ratio."""
+    rows = [r for r in report.rows if r.stored == "compressed" and r.dtype != "bool" and r.bits is not None]
+    elements = sum(r.stored_numel for r in rows)
+    average = sum(r.bits * r.stored_numel for r in rows) / elements if elements else None
+    after = report.activation_bytes_after
+    return average, (report.activation_bytes_before / after if after else None)
 

@@ -2,16 +2,21 @@
 
 ``fc1:linear``, ``encoder.layer.0.attention.self.query:linear``, ``gelu``: taken from the
 ``nn_module_stack`` and ``source_fn_stack`` metadata Dynamo leaves on nodes, so that bits,
-sensitivities and per-tensor overrides can be read and written by name.
+sensitivities and per-tensor overrides can be read and written by name; a view stored
+on its own after the tensor it views (``qkv:linear[0]``).
 """
 
 from __future__ import annotations
 
 import re
 
+import torch
 import torch.fx as fx
 
 from .._compat import DYNAMO_SELF, module_stack, source_function
+from .views import alias_path
+
+aten = torch.ops.aten
 
 _INDEX = re.compile(r"\[(\d+)\]")
 _KEY = re.compile(r"\['([^']+)'\]")
@@ -37,6 +42,13 @@ def function_name(node: fx.Node) -> str:
 
 
 def tensor_name(node: fx.Node) -> str:
+    """``module:function``; a view compressed on its own is named after the tensor it
+    views, with the index it selects: ``qkv:linear[1]`` for attention's key."""
+    path = alias_path(node)
+    if path.is_view:
+        index = next((v.args[2] for v in reversed(path.chain) if v.target is aten.select.int), None)
+        suffix = f"[{index}]" if isinstance(index, int) else f"[{path.chain[-1].name}]"
+        return tensor_name(path.root) + suffix
     module, function = module_path(node), function_name(node)
     return f"{module}:{function}" if module else function
 

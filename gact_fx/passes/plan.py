@@ -2,7 +2,10 @@
 
 The plan says, per storage root, which forward node gets quantized (the root, with
 the saved views replayed from it in backward, or each saved view on its own), at how
-many bits and in which slot; and, per saved value left alone, why. Nothing here
+many bits and in which slot, how the backward uses it (``passes.uses``) and why it has
+its bits; and, per saved value left alone, why. Views of one root that the backward
+uses differently (attention's query and key through an exponential, its value
+linearly) are compressed apart, so each gets the bits its use needs. Nothing here
 touches a graph: ``rewrite.apply_plan`` does that.
 """
 
@@ -10,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -22,15 +25,18 @@ from ..runtime.reference import FLOAT_DTYPES
 from ..runtime.format import RUNTIME_BITS
 from .names import unique_names
 from .saved import SavedGraph, SavedKind, SavedValue
+from .uses import Use, UseClass
 from .views import AliasPath, foreign_inputs, is_symint_node
 
-COMPRESSIBLE_KINDS = (SavedKind.INTERMEDIATE, SavedKind.GRAPH_INPUT, SavedKind.VIEW_OF_INPUT)
+# What the backward holds for activations: compressible, and counted in the totals.
+COMPRESSIBLE_KINDS = (SavedKind.INTERMEDIATE, SavedKind.GRAPH_INPUT, SavedKind.VIEW_OF_INPUT,
+                      SavedKind.MODEL_OUTPUT, SavedKind.VIEW_OF_OUTPUT)
 INPUT_KINDS = (SavedKind.GRAPH_INPUT, SavedKind.VIEW_OF_INPUT)
+OUTPUT_KINDS = (SavedKind.MODEL_OUTPUT, SavedKind.VIEW_OF_OUTPUT)
 _SKIP_REASONS = {
     SavedKind.PARAMETER: "parameter or buffer: held by the model anyway",
     SavedKind.VIEW_OF_PARAMETER: "view of a parameter: held by the model anyway",
-    SavedKind.MODEL_OUTPUT: "model output: held by the caller anyway",
-    SavedKind.VIEW_OF_OUTPUT: "shares storage with a model output",
+    SavedKind.PARAMETER_COPY: "computed from parameters only (a weight copy): kept as it is, counted apart",
     SavedKind.SYMINT: "symbolic integer",
     SavedKind.OPAQUE: "not a tensor",
 }
@@ -91,6 +97,9 @@ class Compression:
     bytes_before: int  # full-precision bytes that saving kept alive (aliases once)
     bytes_after: int  # blob bytes
     label: str = ""  # unique human name (``passes.names``): what overrides and the controller use
+    use: UseClass = UseClass(Use.LINEAR, "")  # how the backward consumes it (the worst of its members)
+    floor: int = 1  # the fewest bits its use allows (``PlanOptions.nonlinear_bits`` for exponential uses)
+    bits_reason: str = ""  # why it has its bits (``assign_bits``)
 
     @property
     def name(self) -> str:
@@ -132,11 +141,15 @@ class PlanOptions:
     min_numel: int
     compress_inputs: bool
     enabled: bool = True
+    compress_outputs: bool = True
     label_prefix: str = ""  # e.g. "g1/" for the second graph of a model
+    nonlinear_bits: int = 8  # at least this many bits where the backward uses a value exponentially
 
 
-# Chooses the bits of one (float) compression; returns its current bits to keep them.
-BitsChooser = Callable[[Compression], int]
+# Chooses the bits of one (float) compression and says why: ``(bits, reason)``. A reason
+# starting with "override" is the user's choice for that tensor: the floor of its use
+# does not apply.
+BitsChooser = Callable[[Compression], tuple[int, str]]
 
 
 def _replayable(path: AliasPath) -> bool:
@@ -157,11 +170,16 @@ def _dtype_reason(val: torch.Tensor) -> str | None:
 
 
 class _Planner:
-    def __init__(self, options: PlanOptions, allocate_slot: Callable[[], int]):
+    def __init__(self, options: PlanOptions, allocate_slot: Callable[[], int], uses: Mapping[int, UseClass]):
         self.options = options
         self.allocate_slot = allocate_slot
+        self.uses = uses
         self.compressions: list[Compression] = []
         self.skips: list[Skip] = []
+
+    def use_of(self, positions) -> UseClass:
+        found = [self.uses.get(p, UseClass(Use.LINEAR, "")) for p in positions]
+        return max(found, key=lambda u: u.use)
 
     def skip_group(self, members: list[SavedValue], reason: str, held_bytes: int) -> None:
         for index, value in enumerate(members):
@@ -174,6 +192,8 @@ class _Planner:
         layout = layout_of(val)
         bits = 1 if val.dtype == torch.bool else self.options.bits
         after = hint(blob_nbytes(layout.numel, val.dtype, bits, self.options.group_size))
+        use = self.use_of(value.position for value, _ in members)
+        floor = self.options.nonlinear_bits if use.use is Use.EXPONENTIAL and val.dtype != torch.bool else 1
         self.compressions.append(
             Compression(
                 source=source,
@@ -184,6 +204,8 @@ class _Planner:
                 slot=self.allocate_slot(),
                 bytes_before=held,
                 bytes_after=after,
+                use=use,
+                floor=floor,
             )
         )
 
@@ -197,11 +219,17 @@ class _Planner:
         if kind in INPUT_KINDS and not self.options.compress_inputs:
             self.skip_group(members, "graph input (compress_inputs=False)", held)
             return
+        if kind in OUTPUT_KINDS and not self.options.compress_outputs:
+            self.skip_group(members, "model output (compress_outputs=False): saved as the caller's copy", held)
+            return
         root_saved = any(not v.path.is_view for v in members)
         replay_ok = layout_of(root_val).dense and all(_replayable(v.path) for v in members)
         separate_ok = all(not layout_of(v.val).overlapping for v in members)
         separate_numel = sum(layout_of(v.val).numel for v in members)
-        use_root = replay_ok and (root_saved or not separate_ok or layout_of(root_val).numel <= separate_numel)
+        uses_differ = len({self.use_of([v.position]).use for v in members}) > 1
+        use_root = replay_ok and (
+            root_saved or not separate_ok or (layout_of(root_val).numel <= separate_numel and not uses_differ)
+        )
         if not use_root and not separate_ok:
             self.skip_group(members, "overlapping view whose view chain cannot be replayed", held)
             return
@@ -226,18 +254,25 @@ def plan_compression(
     options: PlanOptions,
     *,
     allocate_slot: Callable[[], int],
+    uses: Mapping[int, UseClass] | None = None,
 ) -> CompressionPlan:
     """Decide, for every saved value, whether and how it is compressed, at ``options.bits``.
 
-    ``allocate_slot`` numbers each compression (``runtime.slots.allocate_slot`` in the
-    backend; a plain counter in tests). Each compression is labelled with a unique name;
-    ``assign_bits`` then sets per-tensor widths.
+    ``allocate_slot`` numbers each compression (a backend's registry; a plain counter in
+    tests). ``uses``: how the backward consumes the saved value at each position
+    (``passes.uses.classify_uses``; default: linearly). Each compression is labelled
+    with a unique name; ``assign_bits`` then sets per-tensor widths.
     """
-    planner = _Planner(options, allocate_slot)
+    planner = _Planner(options, allocate_slot, uses or {})
     compressible = [v for v in saved.values if v.kind in COMPRESSIBLE_KINDS]
+    copies_counted: set[fx.Node] = set()
     for value in saved.values:
         if value.kind not in COMPRESSIBLE_KINDS:
-            planner.skips.append(Skip(value.position, _SKIP_REASONS[value.kind], 0))
+            held = 0
+            if value.kind is SavedKind.PARAMETER_COPY and value.path.root not in copies_counted:
+                copies_counted.add(value.path.root)
+                held = nbytes_of(value.path.root.meta["val"])  # held for the backward, apart from activations
+            planner.skips.append(Skip(value.position, _SKIP_REASONS[value.kind], held))
     for root, members in _group_by_root(compressible).items():
         planner.plan_group(root, members)
     labels = unique_names([c.source for c in planner.compressions], options.label_prefix)
@@ -246,22 +281,31 @@ def plan_compression(
 
 
 def assign_bits(plan: CompressionPlan, choose: BitsChooser, estimate_bits: int | None = None) -> CompressionPlan:
-    """A new plan with each float compression's bits set by ``choose`` (bools stay 1).
+    """A new plan with each float compression's bits set by ``choose`` (bools stay 1),
+    raised to the floor of its use unless the user chose that tensor's bits.
 
-    ``RUNTIME_BITS`` leaves the width to the slot table; its bytes are then estimated at
-    ``estimate_bits``.
+    ``RUNTIME_BITS`` leaves the width to the site at run time (the controller keeps the
+    floor); its bytes are then estimated at ``max(estimate_bits, floor)``.
     """
     updated = []
     for compression in plan.compressions:
-        bits = choose(compression) if compression.is_float else compression.bits
+        if not compression.is_float:
+            updated.append(dataclasses.replace(compression, bits_reason="bool mask: lossless at 1 bit"))
+            continue
+        bits, reason = choose(compression)
+        floor = compression.floor if not reason.startswith("override") else 1
+        if floor > 1 and bits != RUNTIME_BITS and bits < floor:
+            bits, reason = floor, f"at least {floor} bits: {compression.use.use} use, {compression.use.reason}"
+        elif floor > 1 and bits == RUNTIME_BITS:
+            reason = f"{reason}, at least {floor} bits: {compression.use.use} use, {compression.use.reason}"
         val = compression.source.meta["val"]
-        shown = estimate_bits if bits == RUNTIME_BITS else bits
+        shown = max(estimate_bits or 1, floor) if bits == RUNTIME_BITS else bits
         after = hint(blob_nbytes(layout_of(val).numel, val.dtype, shown, compression.group_size))
-        updated.append(dataclasses.replace(compression, bits=bits, bytes_after=after))
+        updated.append(dataclasses.replace(compression, bits=bits, bytes_after=after, floor=floor, bits_reason=reason))
     return dataclasses.replace(plan, compressions=tuple(updated))
 
 
-def activation_nbytes(saved: SavedGraph) -> int:
-    """Bytes the saved activations keep alive uncompressed, each storage root once."""
-    roots = {v.path.root for v in saved.values if v.kind in COMPRESSIBLE_KINDS}
+def activation_nbytes(saved: SavedGraph, kinds=COMPRESSIBLE_KINDS) -> int:
+    """Bytes the saved values of ``kinds`` keep alive uncompressed, each storage root once."""
+    roots = {v.path.root for v in saved.values if v.kind in kinds}
     return sum(nbytes_of(root.meta["val"]) for root in roots)

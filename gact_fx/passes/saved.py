@@ -10,7 +10,10 @@ returns one ``SavedValue`` per saved entry with its class:
 * graph input / view of input: a non-static input, which is how activations cross a
   graph break;
 * parameter / view of parameter: a static input (parameter or buffer);
-* model output / view of output: shares storage with a real output, the caller holds it;
+* parameter copy: computed from parameters and buffers only (Inductor's layout copies of
+  convolution weights on the CPU, a transposed weight): weights, not activations;
+* model output / view of output: shares storage with a real output. A caller that keeps
+  only the loss drops it, so the backward's is the only reference: it is an activation;
 * symint / opaque: not a tensor.
 """
 
@@ -32,6 +35,7 @@ class SavedKind(str, enum.Enum):
     VIEW_OF_INPUT = "view of input"
     PARAMETER = "parameter"
     VIEW_OF_PARAMETER = "view of parameter"
+    PARAMETER_COPY = "parameter copy"
     MODEL_OUTPUT = "model output"
     VIEW_OF_OUTPUT = "view of output"
     SYMINT = "symint"
@@ -99,7 +103,21 @@ def static_placeholders(fw: fx.GraphModule, static_indices: Sequence[int]) -> se
     return {placeholders[i] for i in static_indices if i < len(placeholders)}
 
 
-def _classify(node: fx.Node, static: set[fx.Node], outputs: set[fx.Node], output_roots: set[fx.Node]):
+def parameter_only(fw: fx.GraphModule, static: set[fx.Node]) -> set[fx.Node]:
+    """The forward nodes computed from parameters and buffers only (at least one, no other input)."""
+    found: dict[fx.Node, tuple[bool, bool]] = {}  # node -> (reads a static input, reads anything else)
+    for node in fw.graph.nodes:
+        if node.op == "placeholder":
+            found[node] = (node in static, node not in static)
+            continue
+        inputs = [found[n] for n in node.all_input_nodes if n in found]
+        found[node] = (any(s for s, _ in inputs), any(d for _, d in inputs))
+    return {node for node, (reads_static, reads_other) in found.items()
+            if reads_static and not reads_other and node.op != "placeholder"}
+
+
+def _classify(node: fx.Node, static: set[fx.Node], outputs: set[fx.Node], output_roots: set[fx.Node],
+              from_parameters: set[fx.Node]):
     val = node.meta.get("val")
     if _is_sym(node):
         return SavedKind.SYMINT, None
@@ -112,6 +130,8 @@ def _classify(node: fx.Node, static: set[fx.Node], outputs: set[fx.Node], output
         if path.root in static:
             return (SavedKind.VIEW_OF_PARAMETER if path.is_view else SavedKind.PARAMETER), path
         return (SavedKind.VIEW_OF_INPUT if path.is_view else SavedKind.GRAPH_INPUT), path
+    if path.root in from_parameters:
+        return SavedKind.PARAMETER_COPY, path
     return SavedKind.INTERMEDIATE, path
 
 
@@ -143,8 +163,9 @@ def find_saved(
         alias_path(n).root for n in real_outputs if isinstance(n.meta.get("val"), torch.Tensor)
     }
     static = static_placeholders(fw, static_input_indices)
+    from_parameters = parameter_only(fw, static)
     values = []
     for position, (fw_node, bw_node) in enumerate(zip(saved_nodes, bw_saved)):
-        kind, path = _classify(fw_node, static, set(real_outputs), output_roots)
+        kind, path = _classify(fw_node, static, set(real_outputs), output_roots, from_parameters)
         values.append(SavedValue(position, fw_node, bw_node, kind, path))
     return SavedGraph(values=tuple(values), num_fwd_outputs=num_fwd_outputs)

@@ -1,11 +1,13 @@
-"""Which implementation encodes and decodes blobs: Triton on CUDA, the torch reference elsewhere.
+"""Which implementation encodes and decodes blobs: Triton on CUDA, the C++ codec on the CPU,
+the torch reference elsewhere.
 
 All write the same format (``runtime.format``) with the same noise (``runtime.noise``),
-bit for bit. ``GACT_FX_KERNELS=triton`` forces the Triton kernels on any device (with
-``TRITON_INTERPRET=1`` that is how they run on a CPU in tests), ``GACT_FX_KERNELS=reference``
-forces the reference; unset, Triton serves CUDA tensors when it is installed. Triton is
-imported on first use, never at import time. bool masks and 32-bit pass-through always
-take the reference path (a copy or a bit-pack).
+bit for bit. ``GACT_FX_KERNELS`` forces one: ``triton`` on any device (with
+``TRITON_INTERPRET=1`` that is how the Triton kernels run on a CPU in tests), ``cpu``
+(CPU tensors), or ``reference``; unset (``auto``), Triton serves CUDA tensors when it is
+installed and the C++ codec (``runtime.cpu_kernels``) serves CPU tensors when it could
+be compiled. Triton and the C++ codec are loaded on first use, never at import time.
+bool masks and 32-bit pass-through always take the reference path (a copy or a bit-pack).
 
 A call's noise comes from ``state`` (a site's ``[slot_key, count]`` on the device; the
 caller advances it) or from an explicit ``key`` (``[k0, k1]``).
@@ -23,7 +25,7 @@ from . import format as fmt
 from .noise import call_key, rounding_noise
 from .reference import dequantize_reference, quantize_reference
 
-CHOICES = ("auto", "triton", "reference")
+CHOICES = ("auto", "triton", "cpu", "reference")
 
 
 @functools.cache
@@ -38,23 +40,49 @@ def _choice() -> str:
     return choice
 
 
-def uses_triton(tensor: torch.Tensor, bits: int) -> bool:
+def implementation(tensor: torch.Tensor, bits: int) -> str:
+    """'triton', 'cpu' or 'reference' for a tensor (or blob) of this device and width."""
     if tensor.dtype == torch.bool or bits == fmt.PASS_THROUGH_BITS or tensor.numel() == 0:
-        return False
+        return "reference"
     choice = _choice()
     if choice == "triton":
         if not triton_installed():
             raise RuntimeError("GACT_FX_KERNELS=triton but Triton is not installed (pip install 'gact-fx[triton]')")
-        return True
-    return choice == "auto" and tensor.device.type == "cuda" and triton_installed()
+        return "triton"
+    on_cpu = tensor.device.type == "cpu"
+    if choice == "cpu":
+        from . import cpu_kernels
+
+        if not on_cpu or not cpu_kernels.available():
+            raise RuntimeError("GACT_FX_KERNELS=cpu needs CPU tensors and a C++ compiler (see the warning above)")
+        return "cpu"
+    if choice == "auto":
+        if tensor.device.type == "cuda" and triton_installed():
+            return "triton"
+        if on_cpu:
+            from . import cpu_kernels
+
+            if cpu_kernels.available():
+                return "cpu"
+    return "reference"
+
+
+def uses_triton(tensor: torch.Tensor, bits: int) -> bool:
+    return implementation(tensor, bits) == "triton"
 
 
 def encode(flat: torch.Tensor, bits: int, group_size: int, *, state=None, key=None) -> torch.Tensor:
     """Blob of a 1-D tensor, its noise keyed by a site's ``state`` or by ``key``."""
-    if uses_triton(flat, bits):
+    chosen = implementation(flat, bits)
+    if chosen == "triton":
         from . import triton_kernels
 
         return triton_kernels.quantize(flat.contiguous(), bits, group_size, state=state, key=key)
+    if chosen == "cpu":
+        from . import cpu_kernels
+
+        if group_size <= cpu_kernels.MAX_GROUP:
+            return cpu_kernels.quantize(flat, bits, group_size, state=state, key=key)
     noise = None
     if flat.dtype != torch.bool and bits != fmt.PASS_THROUGH_BITS and flat.numel():
         noise = rounding_noise(fmt.num_groups(flat.numel(), group_size), group_size, call_key(state) if key is None else key)
@@ -64,8 +92,13 @@ def encode(flat: torch.Tensor, bits: int, group_size: int, *, state=None, key=No
 def decode(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int) -> torch.Tensor:
     """1-D tensor of ``numel`` elements of ``dtype`` from a blob."""
     bits = fmt.bits_from_blob_nbytes(blob.numel())
-    if dtype != torch.bool and uses_triton(blob, bits):
+    chosen = "reference" if dtype == torch.bool else implementation(blob, bits)
+    if chosen == "triton":
         from . import triton_kernels
 
         return triton_kernels.dequantize(blob, numel, dtype, group_size)
+    if chosen == "cpu":
+        from . import cpu_kernels
+
+        return cpu_kernels.dequantize(blob, numel, dtype, group_size)
     return dequantize_reference(blob, numel, dtype, group_size)

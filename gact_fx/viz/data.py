@@ -53,8 +53,10 @@ def graph_data(report: Report, record: GraphRecord, sensitivities: dict[int, flo
             "before": row.bytes_before,
             "after": row.bytes_after,
             "sensitivity": sensitivities.get(row.slot) if row.slot is not None else None,
+            "use": row.use or None,
+            "why": row.bits_reason or None,
         }
-        for row in report.rows_of(record)
+        for row in sorted(report.rows_of(record), key=lambda r: -r.bytes_before)  # what holds the memory first
     ]
     return {
         "index": record.index,

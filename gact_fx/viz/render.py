@@ -20,7 +20,8 @@ _PAGE = """<!DOCTYPE html>
 <div class="legend"><span><i class="swatch" style="background:#9aa4b5"></i>without gact</span>
 <span><i class="swatch" style="background:#e0245e"></i>with gact</span><span id="peaks" class="muted"></span></div>
 <svg></svg><div id="graph-summary" class="muted"></div></section>
-<section><h2>Saved tensors</h2><div class="table-wrap"><table id="saved-table"></table></div></section>
+<section><h2>Saved tensors, by the bytes they hold</h2><button id="parameters-toggle"></button>
+<div class="table-wrap"><table id="saved-table"></table></div></section>
 <section><h2>Forward (top) and backward (bottom) graphs; saved-activation edges in red</h2>
 <div class="toolbar"><input id="search" placeholder="search nodes (name, op, module); Enter: next">
 <span id="match-count" class="muted"></span><button id="zoom-in">+</button><button id="zoom-out">&minus;</button>

@@ -59,17 +59,32 @@
       "peak held for backward: baseline " + bytes(Math.max(...g.timeline.baseline, 0)) + ", gact " + bytes(Math.max(...g.timeline.gact, 0));
   }
 
+  const PARAMETER_KINDS = ["parameter", "view of parameter"];
+
   function renderTable(g) {
     const columns = [["name", "saved"], ["kind", "kind"], ["producer", "producer"], ["shape", "shape"], ["dtype", "dtype"],
-      ["bits", "bits"], ["sensitivity", "sensitivity"], ["before", "bytes before"], ["after", "bytes after"], ["stored", "stored"]];
+      ["bits", "bits"], ["use", "backward use"], ["why", "why these bits"], ["sensitivity", "sensitivity"],
+      ["before", "bytes before"], ["after", "bytes after"], ["stored", "stored"]];
     const table = document.getElementById("saved-table");
     clear(table);
     const head = make("tr", {}, make("thead", {}, table));
     const body = make("tbody", {}, table);
+    // Rows come sorted by the bytes they hold; parameters (held by the model anyway) are folded.
     let rows = g.rows.slice();
+    const folded = rows.filter((r) => PARAMETER_KINDS.includes(r.kind)).length;
+    let showParameters = false;
+    const toggle = document.getElementById("parameters-toggle");
+    toggle.textContent = folded ? "show the " + folded + " parameters (held by the model anyway)" : "";
+    toggle.style.display = folded ? "" : "none";
+    toggle.onclick = () => {
+      showParameters = !showParameters;
+      toggle.textContent = (showParameters ? "fold the " : "show the ") + folded + " parameters (held by the model anyway)";
+      fill();
+    };
     function fill() {
       clear(body);
       for (const row of rows) {
+        if (!showParameters && PARAMETER_KINDS.includes(row.kind)) continue;
         const tr = make("tr", { class: "selectable", "data-source": row.source }, body);
         for (const [key] of columns) {
           let value = row[key];
@@ -181,6 +196,7 @@
       ["shape", node.shape ? "[" + node.shape.join(", ") + "]" : "-"], ["dtype", node.dtype || "-"], ["bytes", bytes(node.bytes)], ["gact role", node.role || "-"]];
     const row = graph && currentGraph().rows.find((r) => r.source === node.name || r.name === node.name);
     if (row) fields.push(["saved as", row.stored], ["bits", row.bits === null ? "-" : row.bits],
+      ["backward use", row.use || "-"], ["why these bits", row.why || "-"],
       ["sensitivity", row.sensitivity === null ? "-" : Number(row.sensitivity).toPrecision(3)],
       ["bytes before / after", bytes(row.before) + " / " + bytes(row.after)]);
     const list = make("dl", { id: "node-details" }, details);

@@ -99,3 +99,36 @@ def test_non_finite_sensitivities_count_as_very_sensitive():
 def test_half_precision_tensors_cost_16_bits_at_full_precision():
     problem = AllocationProblem.from_average([1.0], [1000], 16, full_bits=(16,))
     assert solve(problem) == (32,)  # full precision fits: it is 16 bits of storage
+
+
+def constrained_instances(count, seed=2):
+    rng = random.Random(seed)
+    for sensitivities, numels in random_instances(count, seed=seed):
+        floors = tuple(rng.choice([1, 1, 2, 8]) for _ in numels)
+        one_bit = tuple(rng.choice([None, 10 ** rng.uniform(-3, 4)]) for _ in numels)
+        yield sensitivities, numels, floors, one_bit
+
+
+def test_floors_and_unmeasured_one_bit_are_never_crossed_and_the_dp_stays_optimal():
+    worst = 1.0
+    for sensitivities, numels, floors, one_bit in constrained_instances(80):
+        for average in AVERAGES:
+            problem = AllocationProblem.from_average(sensitivities, numels, average, floors=floors, one_bit=one_bit)
+            for bits in (greedy(problem), dynamic_programming(problem), solve(problem), exact(problem)):
+                assert all(b >= f for b, f in zip(bits, floors))
+                assert all(b != 1 or c is not None for b, c in zip(bits, one_bit))
+            optimum = problem.variance(exact(problem))
+            if problem.cost(exact(problem)) <= problem.budget and optimum > 0:
+                worst = max(worst, problem.variance(solve(problem)) / optimum)
+    assert worst <= 1.01
+
+
+def test_a_tensor_is_put_at_1_bit_by_its_1_bit_sensitivity():
+    # Measured at 1 bit, the first tensor is far worse there than its 2-bit sensitivity says.
+    numels = [1000, 1000]
+    plain = AllocationProblem.from_average([1.0, 3.0], numels, 1.5)
+    assert solve(plain) == (1, 2)
+    measured = AllocationProblem.from_average([1.0, 3.0], numels, 1.5, one_bit=(100.0, 3.0))
+    assert solve(measured) == (2, 1)
+    unmeasured = AllocationProblem.from_average([1.0, 3.0], numels, 1.5, one_bit=(None, None))
+    assert solve(unmeasured) == (2, 2)  # over the budget: the narrowest allowed

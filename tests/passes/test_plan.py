@@ -54,13 +54,21 @@ def test_disabled_plans_nothing():
 
 def test_aliases_share_one_compression_of_their_root():
     saved, plan = plan_for(aliases_pair())
-    (sin,) = plan.compressions
+    sin, output = plan.compressions
     assert sin.name == "sin"
     chains = {saved.values[m.position].node.name: [n.name for n in m.chain] for m in sin.members}
     assert chains == {"sin": [], "t": ["t"], "getitem": ["split", "getitem"]}
     assert sin.bytes_before == 32 * 64 * 4  # the storage once, not three times
+    # The backward saves a view of the output: the caller keeps only its loss, so the
+    # backward's is the only reference: the output is compressed, its view replayed.
+    assert output.name == "mul" and [n.name for n in output.members[0].chain] == ["t_1"]
+
+
+def test_saved_outputs_can_be_left_as_the_callers_copy():
+    saved, plan = plan_for(aliases_pair(), compress_outputs=False)
+    assert [c.name for c in plan.compressions] == ["sin"]
     output_view = next(s for s in plan.skips if saved.values[s.position].node.name == "t_1")
-    assert "model output" in output_view.reason
+    assert "compress_outputs=False" in output_view.reason and output_view.bytes == 32 * 64 * 4
 
 
 def test_a_lone_slice_is_compressed_instead_of_its_larger_root():
@@ -101,6 +109,21 @@ def test_integer_tensors_pass_through():
 def test_compressions_are_labelled_and_bits_assigned_by_label():
     _, plan = plan_for(linear_relu_pair(), label_prefix="g1/")
     assert [c.label for c in plan.compressions] == ["g1/input", "g1/relu"]
-    plan = assign_bits(plan, lambda c: 2 if c.label.endswith("relu") else c.bits)
+    plan = assign_bits(plan, lambda c: (2, "test") if c.label.endswith("relu") else (c.bits, "test"))
     assert {c.name: c.bits for c in plan.compressions} == {"x": 8, "relu": 2}
     assert plan.compressions[1].bytes_after == fmt.float_blob_nbytes(32 * 64, 2, 64, 4)
+
+
+def test_an_exponential_use_raises_the_bits_to_the_floor_unless_overridden():
+    from gact_fx.passes.uses import Use, UseClass
+
+    saved, _ = plan_for(linear_relu_pair())
+    x = next(v.position for v in saved.values if v.node.name == "x")
+    uses = {x: UseClass(Use.EXPONENTIAL, "exp")}
+    plan = plan_compression(saved, PlanOptions(bits=2, group_size=64, min_numel=0, compress_inputs=True, nonlinear_bits=8),
+                            allocate_slot=itertools.count().__next__, uses=uses)
+    uniform = assign_bits(plan, lambda c: (c.bits, "uniform"))
+    assert {c.name: c.bits for c in uniform.compressions} == {"x": 8, "relu": 2}
+    assert "at least 8 bits: exponential use, exp" in uniform.compressions[0].bits_reason
+    chosen = assign_bits(plan, lambda c: (2, "override 'x'"))
+    assert {c.name: c.bits for c in chosen.compressions} == {"x": 2, "relu": 2}

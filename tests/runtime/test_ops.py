@@ -99,11 +99,13 @@ def test_the_noise_state_lives_on_the_tensors_device_and_advances_there():
     assert state[1].item() == 2  # the same tensor, advanced in place: what a CUDA graph replay reads
 
 
-def test_a_replayed_trace_of_the_device_work_draws_fresh_noise():
+def test_a_replayed_trace_of_the_device_work_draws_fresh_noise(monkeypatch):
     # A CUDA graph records a call's device work once and replays it without Python: the
     # noise must come from state that the replayed work itself reads and advances. A seed
     # passed from Python (gact-fx before this) is a constant of the trace: every replay
-    # would draw the same noise, and the gradient would no longer be unbiased.
+    # would draw the same noise, and the gradient would no longer be unbiased. (Traced
+    # through the torch reference: make_fx cannot see inside a compiled kernel.)
+    monkeypatch.setenv("GACT_FX_KERNELS", "reference")
     site = DIRECTORY.site(new_slot())
     x = torch.randn(1000)
     state = site.rng_state(x.device)

@@ -48,14 +48,24 @@ def test_the_page_loads_without_errors(page_and_report):
     assert errors == []
 
 
-def test_saved_tensors_are_listed_with_their_bits(page_and_report):
-    page, report, _ = page_and_report
+def shown_column(page, name):
     rows = page.locator("#saved-table tbody tr")
-    assert rows.count() == len(report.rows)
-    bits_column = [h.strip() for h in page.locator("#saved-table th").all_text_contents()].index("bits")
-    shown = [rows.nth(i).locator("td").nth(bits_column).text_content() for i in range(rows.count())]
-    expected = ["-" if r.bits is None else str(r.bits) for r in report.rows]
-    assert shown == expected
+    column = [h.strip() for h in page.locator("#saved-table th").all_text_contents()].index(name)
+    return [rows.nth(i).locator("td").nth(column).text_content() for i in range(rows.count())]
+
+
+def test_saved_tensors_are_listed_by_bytes_held_with_their_bits_and_parameters_folded(page_and_report):
+    page, report, _ = page_and_report
+    by_bytes = sorted(report.rows, key=lambda r: -r.bytes_before)
+    held = [r for r in by_bytes if r.kind not in ("parameter", "view of parameter")]
+    assert len(held) < len(report.rows)  # the block saves its weights: there is something to fold
+    assert shown_column(page, "saved") == [r.name for r in held]
+    assert shown_column(page, "bits") == ["-" if r.bits is None else str(r.bits) for r in held]
+    assert "exponential" in shown_column(page, "backward use")
+    page.click("#parameters-toggle")
+    assert shown_column(page, "saved") == [r.name for r in by_bytes]
+    page.click("#parameters-toggle")
+    assert shown_column(page, "saved") == [r.name for r in held]
 
 
 def test_clicking_a_node_shows_its_details(page_and_report):

@@ -36,7 +36,11 @@ def test_html_is_self_contained_and_carries_every_saved_tensor(block_backend):
     (graph,) = data["graphs"]
     report = block_backend.report()
     assert len(graph["rows"]) == len(report.rows)
-    assert {r["bits"] for r in graph["rows"] if r["stored"] == "compressed"} == {2}
+    compressed = [r for r in graph["rows"] if r["stored"] == "compressed"]
+    assert {r["bits"] for r in compressed if r["use"] != "exponential"} == {2}
+    assert {r["bits"] for r in compressed if r["use"] == "exponential"} == {8}  # attention's query and key
+    assert all(r["why"] for r in compressed)
+    assert [r["before"] for r in graph["rows"]] == sorted((r["before"] for r in graph["rows"]), reverse=True)
     assert data["before"] == report.activation_bytes_before and data["after"] == report.activation_bytes_after
     timeline = graph["timeline"]
     assert timeline["baseline"][timeline["forwardNodes"] - 1] == report.activation_bytes_before

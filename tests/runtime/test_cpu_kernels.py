@@ -1,0 +1,72 @@
+"""The C++ CPU codec against the torch reference: the same blob and decode, bit for bit."""
+
+import pytest
+import torch
+
+from gact_fx.runtime import cpu_kernels, kernels, noise
+from gact_fx.runtime import format as fmt
+from gact_fx.runtime.reference import dequantize_reference, quantize_reference
+
+pytestmark = pytest.mark.compat
+
+if not cpu_kernels.available():
+    pytest.skip("the CPU codec could not be compiled here (no C++ compiler?)", allow_module_level=True)
+
+FLOATS = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def sample(numel, dtype, seed=0):
+    values = torch.randn(numel, generator=torch.Generator().manual_seed(seed)) * 3
+    return values.to(dtype)
+
+
+def reference_blob(x, bits, group_size, key):
+    return quantize_reference(x, bits, group_size, noise.rounding_noise(fmt.num_groups(x.numel(), group_size), group_size, key))
+
+
+def same_decode(a, b):
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a[~a.isnan()], b[~b.isnan()])
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+@pytest.mark.parametrize("numel", [1, 255, 1000, 70_001])
+@pytest.mark.parametrize("group_size", [64, 256])
+def test_blobs_and_decodes_are_bit_identical_to_the_reference(dtype, bits, numel, group_size):
+    x = sample(numel, dtype)
+    key = noise.key_of(0xABCDEF, numel)
+    blob = cpu_kernels.quantize(x, bits, group_size, key=key)
+    assert torch.equal(blob, reference_blob(x, bits, group_size, key))
+    assert same_decode(cpu_kernels.dequantize(blob, numel, dtype, group_size), dequantize_reference(blob, numel, dtype, group_size))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("bits", [1, 2, 8])
+def test_special_values_nan_and_poisoned_groups_match_the_reference(dtype, bits):
+    x = sample(6 * 64, dtype)
+    extreme = torch.finfo(dtype).max
+    x[3], x[10] = float("-inf"), float("-inf")
+    x[64 + 1] = extreme
+    x[2 * 64 + 4] = float("nan")
+    x[3 * 64 + 1], x[3 * 64 + 2] = float("inf"), -extreme  # two kinds: poisoned
+    x[4 * 64 :] = -extreme
+    x[5 * 64 + 7] = 0.0
+    key = noise.key_of(3, 4)
+    blob = cpu_kernels.quantize(x, bits, 64, key=key)
+    assert torch.equal(blob, reference_blob(x, bits, 64, key))
+    assert same_decode(cpu_kernels.dequantize(blob, x.numel(), dtype, 64), dequantize_reference(blob, x.numel(), dtype, 64))
+
+
+def test_the_noise_key_comes_from_a_sites_state_as_in_the_reference():
+    x = sample(1000, torch.float32)
+    state = torch.tensor([0x9876543, 41], dtype=torch.int64)
+    assert torch.equal(cpu_kernels.quantize(x, 2, 256, state=state), reference_blob(x, 2, 256, noise.call_key(state)))
+
+
+def test_the_ops_use_the_codec_on_the_cpu_by_default(monkeypatch):
+    monkeypatch.delenv("GACT_FX_KERNELS", raising=False)
+    x = torch.randn(1000)
+    assert kernels.implementation(x, 2) == "cpu"
+    assert kernels.implementation(x.bool(), 2) == "reference" and kernels.implementation(x, 32) == "reference"
+    monkeypatch.setenv("GACT_FX_KERNELS", "reference")
+    assert kernels.implementation(x, 2) == "reference"
