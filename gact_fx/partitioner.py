@@ -1,4 +1,4 @@
-"""The gact partition function: stock partitioner, then find -> plan -> rewrite.
+"""The gact partition function: stock partitioner, then find -> hoist -> plan -> rewrite.
 
 AOTAutograd calls it with the joint graph; it returns the forward and backward graphs
 with the saved activations compressed, and hands a ``GraphRecord`` of what it did to
@@ -17,7 +17,7 @@ import torch.fx as fx
 
 from ._compat import partitioners
 from .config import GactConfig
-from .passes.masks import hoist_comparisons
+from .passes.hoist import hoist_comparisons, hoist_exponentials
 from .passes.memory import saved_bytes_timeline
 from .passes.offload import offload_blobs
 from .passes.plan import BitsChooser, Compression, PlanOptions, assign_bits, plan_compression
@@ -118,8 +118,9 @@ class GactPartitioner:
             label_prefix=f"g{self.graph_index}/" if self.graph_index else "",
             nonlinear_bits=self.config.nonlinear_bits,
         )
-        if self.config.enabled and hoist_comparisons(fw, bw, saved, self._lossy_positions(bw, saved, options)):
-            saved = find_saved(fw, bw, num_fwd_outputs, static_indices)
+        for hoist in (hoist_exponentials, hoist_comparisons) if self.config.enabled else ():
+            if hoist(fw, bw, saved, self._lossy_positions(bw, saved, options)):
+                saved = find_saved(fw, bw, num_fwd_outputs, static_indices)
         plan = plan_compression(saved, options, allocate_slot=self.allocate_slot, uses=_uses(bw, saved))
         plan = assign_bits(plan, bits_chooser(self.config), estimate_bits=self.config.initial_bits)
         record = GraphRecord.build(

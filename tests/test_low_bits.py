@@ -80,3 +80,36 @@ def test_the_mean_gradient_reaches_the_averaging_floor(name, options):
 
 def test_without_the_attention_floor_the_warm_char_lm_is_biased():
     assert mean_over_floor("char-lm", {"bits": 2, "nonlinear_bits": 1}) > 2
+
+
+class LossInside(torch.nn.Module):
+    """A Llama-like decoder computing its cross-entropy inside the compiled graph."""
+
+    def __init__(self):
+        super().__init__()
+        import transformers as T
+
+        config = T.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+        self.model = T.LlamaForCausalLM(config)
+
+    def forward(self, ids):
+        return self.model(input_ids=ids, labels=ids).loss
+
+
+def test_a_cross_entropy_saves_its_probabilities_not_its_logits():
+    torch.manual_seed(0)
+    model, ids = LossInside(), torch.randint(0, 128, (4, 32), generator=torch.Generator().manual_seed(0))
+    (exact,) = gradients(model, (ids,), lambda loss: loss, {"enabled": False}, 1)
+    (same,) = gradients(model, (ids,), lambda loss: loss, {"bits": 32}, 1)
+    assert torch.equal(same, exact)  # the exponential moved to the forward computes the same values
+    backend = gact_fx.backend(bits=2)
+    torch._dynamo.reset()
+    compiled = torch.compile(copy.deepcopy(model), backend=backend, fullgraph=True)
+    compiled(ids)
+    rows = [r for r in backend.report().rows if r.stored == "compressed" and r.dtype != "bool"]
+    probabilities = [r for r in rows if r.producer.startswith("exp") and list(r.shape)[-1] == 128]
+    assert probabilities and all(r.bits == 2 and r.use == "linear" for r in probabilities)
+    draws = gradients(model, (ids,), lambda loss: loss, {"bits": 2}, DRAWS)
+    single = sum(relative_error(d, exact) for d in draws) / len(draws)
+    assert relative_error(torch.stack(draws).mean(0), exact) <= 1.5 * single / DRAWS**0.5

@@ -187,7 +187,7 @@ class _Planner:
 
     def compress(self, source: fx.Node, members: list[tuple[SavedValue, tuple]], held: int) -> None:
         val = source.meta["val"]
-        if source.meta.get("gact", {}).get("role") == "hoisted_mask":
+        if source.meta.get("gact", {}).get("role") in ("hoisted_mask", "hoisted_exp"):
             held = 0  # added by gact: not part of what the uncompressed graph saved
         layout = layout_of(val)
         bits = 1 if val.dtype == torch.bool else self.options.bits

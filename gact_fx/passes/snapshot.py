@@ -27,7 +27,7 @@ class NodeView:
     dtype: str | None
     nbytes: int
     inputs: tuple[str, ...]
-    role: str | None  # gact's meta["gact"]["role"]: quantize, dequantize, replay, blob, hoisted_mask
+    role: str | None  # gact's meta["gact"]["role"]: quantize, dequantize, replay, blob, hoisted_mask, hoisted_exp
 
 
 @dataclass(frozen=True)

@@ -168,6 +168,25 @@ def _divisor_of_sigmoid(exp_node: fx.Node, signs: _Signs) -> bool:
     return True
 
 
+def _signs_of(bw: fx.GraphModule) -> _Signs:
+    signs = _Signs()
+    for node in bw.graph.nodes:  # the sigmoid pattern looks at an exp's users: all signs first
+        if node.op == "call_function":
+            signs.note(node)
+    return signs
+
+
+def unbounded_exponentials(bw: fx.GraphModule) -> list[fx.Node]:
+    """The ``exp`` nodes of a backward graph whose argument is not bounded above by
+    construction (``passes.hoist`` moves those that read saved values only)."""
+    signs = _signs_of(bw)
+    return [
+        node for node in bw.graph.nodes
+        if node.op == "call_function" and node.target in _EXPONENTIALS
+        and not (node.args[0] in signs.nonpos or _divisor_of_sigmoid(node, signs))
+    ]
+
+
 Deps = dict[fx.Node, tuple[Use, str]]  # saved placeholder -> (how this value depends on it, why)
 
 
@@ -183,10 +202,7 @@ def classify_uses(bw: fx.GraphModule, saved: list[fx.Node]) -> dict[fx.Node, Use
     """For each saved placeholder of ``bw``: how the gradients depend on it."""
     deps: dict[fx.Node, Deps] = {node: {node: (Use.LINEAR, "")} for node in saved}
     worst: dict[fx.Node, tuple[Use, str]] = {node: (Use.NONE, "") for node in saved}
-    signs = _Signs()
-    for node in bw.graph.nodes:  # signs first: the sigmoid pattern looks at an exp's users
-        if node.op == "call_function":
-            signs.note(node)
+    signs = _signs_of(bw)
     for node in bw.graph.nodes:
         if node.op != "call_function":
             continue

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from gact_fx.passes.masks import hoist_comparisons
+from gact_fx.passes.hoist import hoist_comparisons
 from gact_fx.passes.plan import PlanOptions, plan_compression
 from gact_fx.passes.rewrite import DEQUANTIZE, QUANTIZE, apply_plan
 from gact_fx.passes.saved import find_saved, output_node

@@ -3,7 +3,7 @@
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from gact_fx.passes.masks import hoist_comparisons
+from gact_fx.passes.hoist import hoist_comparisons
 from gact_fx.passes.saved import find_saved, output_node
 
 from .graphs import Builder, linear_relu_pair, run_pair

@@ -1,16 +1,25 @@
-"""Hoist backward comparisons of saved activations into the forward, as exact bool masks.
+"""Move backward computations on saved values into the forward, and save their results.
 
-Backward graphs often rebuild a mask from saved activations: ReLU's backward is
-``where(le(relu_out, 0), 0, grad)``, and when the min-cut partitioner recomputes a
-BatchNorm output in backward, the following ReLU's mask is ``le(recomputed, 0)``. With
-the saved tensors quantized, values near the threshold flip the mask, which biases the
-gradient (5.9% error at 8 bits on an MLP, against ~1% for GELU; a bias that averaging
-over seeds cannot remove on a conv + BatchNorm + ReLU block).
+Some backward nodes turn a saved value into what the backward really consumes, through
+a function that rounding noise cannot cross unbiased. Computed in the forward on the
+exact values instead, their results are saved in place of the inputs:
 
-This pass finds every comparison with a constant whose inputs depend on saved values
-only (no tangent), recomputes it in the forward on the exact values, and saves the bool
-result instead (1 bit per element, lossless once compressed). Saved values nothing else
-in backward uses are then no longer saved.
+* comparisons with a constant (``hoist_comparisons``): ReLU's backward is
+  ``where(le(relu_out, 0), 0, grad)``, and when the min-cut partitioner recomputes a
+  BatchNorm output in backward, the following ReLU's mask is ``le(recomputed, 0)``.
+  Rebuilt from quantized values the mask flips near the threshold, which biases the
+  gradient (5.9% error at 8 bits on an MLP, against ~1% for GELU). Saved instead: an
+  exact bool mask, 1 bit per element.
+* unbounded exponentials (``hoist_exponentials``; ``passes.uses`` says which): a
+  cross-entropy's backward recomputes ``exp(logits - max - log_sum)`` from the saved
+  logits; rounded logits bias that exponential. Saved instead: the probabilities, which
+  the backward then uses linearly (``grad - p * sum(grad)``), so they can take as few
+  bits as any linear use. Same size, no floor needed. (Fused attention kernels recompute
+  their exponential inside one op: nothing to move there.)
+
+Each hoisted node's inputs must be saved values only (no tangent), through at most
+``MAX_CONE_NODES`` nodes. Saved values nothing else in backward uses are then no longer
+saved.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from ..runtime.reference import FLOAT_DTYPES
 from .plan import COMPRESSIBLE_KINDS
 from .saved import SavedGraph, output_node
 from .section import SavedSection, finish
+from .uses import unbounded_exponentials
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +50,9 @@ def _is_comparison(node: fx.Node) -> bool:
     return node.target in COMPARISONS and isinstance(node.args[1], numbers.Number)
 
 
-def _saved_cone(comparison: fx.Node, saved_inputs: set[fx.Node]) -> list[fx.Node] | None:
-    """The backward nodes ``comparison`` is computed from, if they use saved values only."""
-    cone, stack = set(), [comparison]
+def _saved_cone(target: fx.Node, saved_inputs: set[fx.Node]) -> list[fx.Node] | None:
+    """The backward nodes ``target`` is computed from, if they use saved values only."""
+    cone, stack = set(), [target]
     while stack:
         node = stack.pop()
         if node in cone or node in saved_inputs:
@@ -51,7 +61,7 @@ def _saved_cone(comparison: fx.Node, saved_inputs: set[fx.Node]) -> list[fx.Node
             return None  # a tangent, an RNG op, or too long a recomputation
         cone.add(node)
         stack.extend(node.all_input_nodes)
-    return [node for node in comparison.graph.nodes if node in cone]
+    return [node for node in target.graph.nodes if node in cone]
 
 
 def hoist_comparisons(
@@ -63,6 +73,19 @@ def hoist_comparisons(
     is hoisted only if it reads one of them (default: every float activation); reading
     exact values, it is right as it stands.
     """
+    found = [n for n in bw.graph.nodes if _is_comparison(n)]
+    return _hoist(fw, bw, saved, quantized, found, "hoisted_mask")
+
+
+def hoist_exponentials(
+    fw: fx.GraphModule, bw: fx.GraphModule, saved: SavedGraph, quantized: Collection[int] | None = None
+) -> int:
+    """Rewrite in place; returns the number of exponentials moved to the forward
+    (``quantized`` as for ``hoist_comparisons``)."""
+    return _hoist(fw, bw, saved, quantized, unbounded_exponentials(bw), "hoisted_exp")
+
+
+def _hoist(fw, bw, saved: SavedGraph, quantized: Collection[int] | None, targets: list[fx.Node], role: str) -> int:
     section = SavedSection(fw, bw, saved)
     fw_value = {v.bw_placeholder: v.node for v in saved.values}
     lossy = {
@@ -72,12 +95,12 @@ def hoist_comparisons(
     }
     copies: dict[fx.Node, fx.Node] = dict(fw_value)  # backward node -> its forward counterpart
     hoisted = 0
-    for comparison in [n for n in bw.graph.nodes if _is_comparison(n)]:
-        cone = _saved_cone(comparison, set(fw_value))
+    for target in targets:
+        cone = _saved_cone(target, set(fw_value))
         if cone is None or not any(arg in lossy for node in cone for arg in node.all_input_nodes):
             continue
         # Right after the last forward node the cone reads (a saved value, or a node an
-        # earlier cone copied): the exact values it compares stay alive no longer than they did.
+        # earlier cone copied): the exact values it reads stay alive no longer than they did.
         # (FX nodes compare by their position in the graph.)
         reads = [copies[arg] for node in cone for arg in node.all_input_nodes if arg in copies]
         last_input = max(reads, default=None)
@@ -89,10 +112,10 @@ def hoist_comparisons(
                 if node not in copies:
                     copies[node] = fw.graph.node_copy(node, copies.__getitem__)
                     copies[node].meta.pop("autograd_backward", None)
-        mask = copies[comparison]
-        mask.meta["gact"] = {"role": "hoisted_mask", "of": comparison.name}
-        comparison.replace_all_uses_with(section.add_tensor(mask))
-        bw.graph.erase_node(comparison)
+        result = copies[target]
+        result.meta["gact"] = {"role": role, "of": target.name}
+        target.replace_all_uses_with(section.add_tensor(result))
+        bw.graph.erase_node(target)
         hoisted += 1
     if not hoisted:
         return 0
@@ -102,5 +125,5 @@ def hoist_comparisons(
             section.drop_tensor(value.position)
     section.commit()
     finish(fw, bw, saved.num_fwd_outputs)
-    log.debug("hoisted %d backward comparison(s) into the forward", hoisted)
+    log.debug("moved %d backward node(s) into the forward (%s)", hoisted, role)
     return hoisted
