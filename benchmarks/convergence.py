@@ -100,6 +100,8 @@ def main(argv=None):
         parts = [json.loads(stem.with_suffix(f".{name}.json").read_text()) for name in args.merge]
         results = [TrainResult(**r) for part in parts for r in part["results"]]
         return write(results, task, stem, parts[0]["meta"])
+    RESULTS.mkdir(exist_ok=True)
+    meta = metadata("cpu") | {"compiler": "auto (eager on the CPU)", "threads": args.threads}
     results = []
     for method in args.methods:
         def progress(result):
@@ -109,11 +111,10 @@ def main(argv=None):
         print(f"{task.name}: {method}", file=sys.stderr, flush=True)
         torch._dynamo.reset()
         results.append(train(task, method, METHODS[method], steps=args.steps, eval_every=args.eval_every, seed=args.seed, progress=progress))
-    RESULTS.mkdir(exist_ok=True)
-    meta = metadata("cpu") | {"compiler": "auto (eager on the CPU)", "threads": args.threads}
+        if args.part:  # after each method, so that a run stopped early keeps what it finished
+            stem.with_suffix(f".{args.part}.json").write_text(
+                json.dumps({"meta": meta, "results": [dataclasses.asdict(r) for r in results]}, indent=1))
     if args.part:
-        stem.with_suffix(f".{args.part}.json").write_text(
-            json.dumps({"meta": meta, "results": [dataclasses.asdict(r) for r in results]}, indent=1))
         return None
     return write(results, task, stem, meta)
 

@@ -5,16 +5,18 @@ each a full pass over the activation with its own temporary (the noise hash alon
 dozen int64 tensors): on the CPU that cost more than the training step it compresses,
 and its temporaries raised the peak memory. This kernel does, per group of
 ``group_size`` elements held in the L1 cache: min, max, special values and NaN; the
-scale; the noise (``runtime.noise``'s hash), the rounding and the packing; decode is
-one pass too. Groups run in parallel under OpenMP, which follows
-``torch.set_num_threads``.
+scale; the noise (``runtime.noise``'s hash), the rounding and the packing, eight lanes at a time
+in GCC/Clang vector types; decode is one pass too. Groups run in parallel under OpenMP,
+which follows ``torch.set_num_threads``. (Inductor compiles with
+``-fno-tree-loop-vectorize``: loops left to the auto-vectoriser ran 4x slower.)
 
 It writes exactly the reference's blob, bit for bit (the same float operations, in the
 same order, with no fused multiply-add). It is compiled on first use by Inductor's C++
 toolchain (the compiler Inductor needs on the CPU anyway; about a second, then cached
 on disk): no build step at install. If that fails, a warning says so and the
-reference serves instead. float32 is native; fp16 and bf16 go through float32, as the
-reference's arithmetic does.
+reference serves instead. float32, bfloat16 and float16 are read as they are (converted
+to float32 in registers, as the reference's arithmetic is float32); decode writes float32
+and torch converts it to a 16-bit dtype.
 """
 
 from __future__ import annotations
@@ -31,68 +33,101 @@ from .reference import SCALE_MAX
 
 log = logging.getLogger("gact_fx")
 MAX_GROUP = 4096  # the kernel's buffers; larger groups take the reference
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 _SOURCE = r"""
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the blob's packing assumes a little-endian machine");
 
 namespace {
 
-inline uint32_t fmix32(uint32_t h) {
-  h ^= h >> 16; h *= 0x85EBCA6Bu; h ^= h >> 13; h *= 0xC2B2AE35u; h ^= h >> 16;
+// Eight lanes at a time with GCC/Clang vector types: Inductor compiles with
+// -fno-tree-loop-vectorize, and no compiler turns a float min into a vector min by itself
+// without assuming away NaN.
+typedef float f8 __attribute__((vector_size(32)));
+typedef int32_t i8 __attribute__((vector_size(32)));
+typedef uint32_t u8 __attribute__((vector_size(32)));
+typedef uint16_t h8 __attribute__((vector_size(16)));
+typedef uint8_t b8 __attribute__((vector_size(8)));
+
+inline f8 splat(float x) { return f8{x, x, x, x, x, x, x, x}; }
+inline i8 splat_i(int32_t x) { return i8{x, x, x, x, x, x, x, x}; }
+inline u8 splat_u(uint32_t x) { return u8{x, x, x, x, x, x, x, x}; }
+const u8 LANES = {0, 1, 2, 3, 4, 5, 6, 7};
+
+inline uint32_t bits_of(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+inline float float_of(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+
+constexpr uint32_t GOLDEN = 0x9E3779B1u, M1 = 0x85EBCA6Bu, M2 = 0xC2B2AE35u;
+
+inline uint32_t fmix32(uint32_t h) { h ^= h >> 16; h *= M1; h ^= h >> 13; h *= M2; h ^= h >> 16; return h; }
+inline u8 fmix32(u8 h) {
+  h ^= h >> 16; h *= splat_u(M1); h ^= h >> 13; h *= splat_u(M2); h ^= h >> 16;
   return h;
 }
 
-inline float uniform(uint32_t k0, uint32_t k1, uint64_t i) {
-  uint32_t h = fmix32(((uint32_t)i * 0x9E3779B1u) ^ k1);
-  h = fmix32(h ^ k0 ^ (uint32_t)(i >> 32));
-  return (float)(h >> 8) * (1.0f / 16777216.0f);
+// runtime.noise's hash of the eight element indices first..first+7, as uniforms in [0, 1)
+inline f8 noise8(uint64_t first, uint32_t k0, uint32_t k1) {
+  const u8 low = splat_u((uint32_t)first) + LANES;
+  const u8 high = splat_u((uint32_t)(first >> 32)) - (u8)(low < splat_u((uint32_t)first));  // +1 past a wrap
+  const u8 h = fmix32(fmix32((low * splat_u(GOLDEN)) ^ splat_u(k1)) ^ splat_u(k0) ^ high);
+  return __builtin_convertvector((i8)(h >> 8), f8) * splat(1.0f / 16777216.0f);
 }
 
-inline uint32_t bits_of(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+struct bf16 { uint16_t bits; };
+struct f16 { uint16_t bits; };
 
-typedef float f8 __attribute__((vector_size(32)));
-typedef int32_t i8 __attribute__((vector_size(32)));
-inline f8 splat(float x) { return f8{x, x, x, x, x, x, x, x}; }
-inline i8 splat_i(int32_t x) { return i8{x, x, x, x, x, x, x, x}; }
-inline float float_of(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline float half_to_float(uint16_t h) {  // exact, for machines without F16C
+  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1Fu, mantissa = h & 0x3FFu;
+  if (exponent == 0x1F) return float_of(sign | 0x7F800000u | (mantissa << 13));
+  if (exponent) return float_of(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+  return float_of(sign | bits_of((float)mantissa * (1.0f / 16777216.0f)));  // zero or subnormal: m * 2^-24
+}
 
-constexpr int64_t MAX_GROUP = 4096;  // groups up to this size run from L1-resident buffers
+inline f8 load8(const float* p) { f8 a; std::memcpy(&a, p, sizeof(a)); return a; }
+inline f8 load8(const bf16* p) {
+  h8 raw; std::memcpy(&raw, p, sizeof(raw));
+  return (f8)(__builtin_convertvector(raw, u8) << 16);
+}
+inline f8 load8(const f16* p) {
+#if defined(__F16C__)
+  f8 a; __m256 wide = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  std::memcpy(&a, &wide, sizeof(a)); return a;
+#else
+  f8 a; for (int k = 0; k < 8; ++k) a[k] = half_to_float(p[k].bits); return a;
+#endif
+}
+inline float load1(const float* p) { return *p; }
+inline float load1(const bf16* p) { return float_of((uint32_t)p->bits << 16); }
+inline float load1(const f16* p) { return half_to_float(p->bits); }
 
-// One group: loops written so the compiler vectorises them (no branch inside, no libm call).
-template <int BITS>
-void encode_group(const float* x, int64_t numel, int64_t g, int64_t group, int64_t groups, uint8_t* blob,
+inline uint32_t or_lanes(u8 s) { return s[0] | s[1] | s[2] | s[3] | s[4] | s[5] | s[6] | s[7]; }
+
+constexpr int64_t MAX_GROUP = 4096;  // the tail group's buffer
+
+// One group of ``group`` elements at ``src`` (element ``base`` of the tensor): two passes
+// from the L1 cache, the statistics, then noise, rounding and packing eight lanes at a time.
+template <int BITS, typename T>
+void encode_group(const T* src, uint64_t base, int64_t g, int64_t group, int64_t groups, uint8_t* blob,
                   uint32_t k0, uint32_t k1, float dmax, float scale_max) {
   constexpr int L = (1 << BITS) - 1;
-  constexpr int PER_BYTE = 8 / BITS;
-  alignas(64) float v[MAX_GROUP];
-  alignas(64) float u[MAX_GROUP];
-  alignas(64) uint8_t c[MAX_GROUP];
-  const int64_t base = g * group;
-  const int64_t inside = std::min(group, numel - base);
-  std::memcpy(v, x + base, inside * sizeof(float));
-  for (int64_t j = inside; j < group; ++j) v[j] = x[numel - 1];  // the tail repeats the last element
-
-  // Statistics eight lanes at a time (GCC/Clang vector types: the compiler will not turn a
-  // float min into a vector min by itself without assuming away NaN).
   const f8 infinity = splat(INFINITY), extreme = splat(dmax);
   f8 low8 = infinity, high8 = -infinity;
   i8 special_any = splat_i(0), special_all = splat_i(-1), nan_any = splat_i(0);
-  i8 kind_low8 = splat_i(4), kind_high8 = splat_i(-1);
   for (int64_t j = 0; j < group; j += 8) {
-    f8 a;
-    std::memcpy(&a, v + j, sizeof(a));
+    const f8 a = load8(src + j);
     const f8 m = (f8)((i8)a & splat_i(0x7FFFFFFF));
-    const i8 infinite = m == infinity;
-    const i8 special = infinite | (m == extreme);
-    const i8 kind = ((a > 0.0f) & 1) + (~infinite & 2);
+    const i8 special = (m == infinity) | (m == extreme);
     special_any |= special;
     special_all &= special;
     nan_any |= a != a;
-    kind_low8 = special ? (kind < kind_low8 ? kind : kind_low8) : kind_low8;
-    kind_high8 = special ? (kind > kind_high8 ? kind : kind_high8) : kind_high8;
     const f8 low = special ? infinity : a, high = special ? -infinity : a;
     low8 = low < low8 ? low : low8;
     high8 = high > high8 ? high : high8;
@@ -103,10 +138,17 @@ void encode_group(const float* x, int64_t numel, int64_t g, int64_t group, int64
     any_special |= special_any[k] != 0;
     all_special &= special_all[k] != 0;
     any_nan |= nan_any[k] != 0;
-    kind_low = std::min(kind_low, (int)kind_low8[k]);
-    kind_high = std::max(kind_high, (int)kind_high8[k]);
     lo = low8[k] < lo ? low8[k] : lo;
     hi = high8[k] > hi ? high8[k] : hi;
+  }
+  if (any_special) {  // rare: which kinds of special value the group holds
+    for (int64_t j = 0; j < group; ++j) {
+      const float a = load1(src + j), m = std::fabs(a);
+      if (m != INFINITY && m != dmax) continue;
+      const int kind = (a > 0.0f ? 1 : 0) + (m == INFINITY ? 0 : 2);
+      kind_low = std::min(kind_low, kind);
+      kind_high = std::max(kind_high, kind);
+    }
   }
   const bool flagged = any_special, has_nan = any_nan;
   if (all_special) { lo = 0.0f; hi = 0.0f; }
@@ -128,69 +170,84 @@ void encode_group(const float* x, int64_t numel, int64_t g, int64_t group, int64
     return;
   }
 
-  for (int64_t j = 0; j < group; ++j) {  // the noise: runtime.noise's hash of the element's index
-    const uint64_t i = (uint64_t)(base + j);
-    uint32_t h = fmix32(((uint32_t)i * 0x9E3779B1u) ^ k1);
-    h = fmix32(h ^ k0 ^ (uint32_t)(i >> 32));
-    u[j] = (float)(h >> 8) * (1.0f / 16777216.0f);
-  }
-  const float lo_half = lo * 0.5f, used_half = used * 0.5f, ceiling = (float)top;
-  for (int64_t j = 0; j < group; ++j) {
-    const float a = v[j];
-    const float m = std::fabs(a);
+  const f8 lo_half = splat(lo * 0.5f), used_half = splat(used * 0.5f), ceiling = splat((float)top), zero = splat(0.0f);
+  // Codes of up to 32 / (8 * BITS) vectors of eight are gathered into one 32-bit word.
+  constexpr int VECTORS = BITS == 8 ? 1 : 4 / BITS;
+  for (int64_t start = 0; start < group; start += 8 * VECTORS) {
+   u8 word8 = splat_u(0);
+   const int vectors = (int)std::min<int64_t>(VECTORS, (group - start) / 8);
+   for (int v = 0; v < vectors; ++v) {
+    const int64_t j = start + 8 * v;
+    const f8 a = load8(src + j);
+    // the noise: runtime.noise's hash of each element's index
+    const f8 u = noise8(base + j, k0, k1);
     // clamp(floor(t), 0, top) as clamp(t, 0, top) then truncation: equal for every t, NaN -> 0
-    float t = (a * 0.5f - lo_half) / used_half + u[j];
-    t = t > 0.0f ? t : 0.0f;
+    f8 t = (a * 0.5f - lo_half) / used_half + u;
+    t = t > zero ? t : zero;
     t = t < ceiling ? t : ceiling;
-    const uint8_t code = (uint8_t)(int32_t)t;
-    c[j] = (m == INFINITY || m == dmax) ? (uint8_t)L : code;
-  }
-  for (int64_t b = 0; b < group / PER_BYTE; ++b) {
-    uint32_t byte = 0;
-    for (int p = 0; p < PER_BYTE; ++p) byte |= (uint32_t)c[b * PER_BYTE + p] << (p * BITS);
-    codes[b] = (uint8_t)byte;
+    const f8 m = (f8)((i8)a & splat_i(0x7FFFFFFF));
+    const i8 code = ((m == infinity) | (m == extreme)) ? splat_i(L) : __builtin_convertvector(t, i8);
+    if constexpr (BITS == 8) {
+      const b8 bytes = __builtin_convertvector(code, b8);
+      std::memcpy(codes + j, &bytes, 8);
+    } else {
+      word8 |= (u8)code << (LANES * BITS + 8 * BITS * v);
+    }
+   }
+   if constexpr (BITS != 8) {
+     const uint32_t word = or_lanes(word8);
+     std::memcpy(codes + start * BITS / 8, &word, vectors * BITS);
+   }
   }
 }
 
 template <int BITS>
 void decode_group(const uint8_t* blob, int64_t numel, int64_t g, int64_t group, int64_t groups, float* out, float dmax) {
   constexpr uint32_t L = (1u << BITS) - 1;
-  constexpr int PER_BYTE = 8 / BITS;
   const float* words = reinterpret_cast<const float*>(blob);
-  const float word = words[g], lo = words[groups + g];
+  const float word = words[g];
   const float scale = std::fabs(word);
   const bool flagged = word < 0.0f;
   const uint32_t kind = bits_of(scale) & 3u;
   const float extreme = kind >= 2 ? dmax : INFINITY;
-  const float special = (kind & 1u) ? extreme : -extreme;
-  const uint32_t marker = flagged ? L : L + 1;  // a code no value has, when the group holds no special value
+  const f8 special = splat((kind & 1u) ? extreme : -extreme), scale8 = splat(scale), lo = splat(words[groups + g]);
+  const u8 marker = splat_u(flagged ? L : L + 1);  // a code no value has, when the group holds no special value
   const uint8_t* codes = blob + 8 * groups + g * (group * BITS / 8);
   const int64_t base = g * group;
-  float* target = out + base;
-  if (base + group <= numel) {
-    for (int64_t b = 0; b < group / PER_BYTE; ++b) {
-      const uint32_t byte = codes[b];
-      for (int p = 0; p < PER_BYTE; ++p) {
-        const uint32_t code = (byte >> (p * BITS)) & L;
-        const float product = (float)code * scale;
-        target[b * PER_BYTE + p] = code == marker ? special : product + lo;
-      }
+  alignas(64) float tail[MAX_GROUP];
+  const bool partial = base + group > numel;
+  float* target = partial ? tail : out + base;
+  for (int64_t j = 0; j < group; j += 8) {
+    u8 code;
+    if constexpr (BITS == 8) {
+      b8 bytes;
+      std::memcpy(&bytes, codes + j, 8);
+      code = __builtin_convertvector(bytes, u8);
+    } else {
+      uint32_t packed = 0;
+      std::memcpy(&packed, codes + j * BITS / 8, BITS);
+      code = (splat_u(packed) >> (LANES * BITS)) & splat_u(L);
     }
-    return;
+    const f8 product = __builtin_convertvector((i8)code, f8) * scale8;
+    const f8 value = code == marker ? special : product + lo;
+    std::memcpy(target + j, &value, sizeof(value));
   }
-  for (int64_t j = 0; j < numel - base; ++j) {  // the last, partial group
-    const uint32_t code = (codes[j / PER_BYTE] >> ((j % PER_BYTE) * BITS)) & L;
-    const float product = (float)code * scale;
-    target[j] = code == marker ? special : product + lo;
-  }
+  if (partial) std::memcpy(out + base, tail, (numel - base) * sizeof(float));
 }
 
-template <int BITS>
-void encode_all(const float* x, int64_t numel, int64_t group, uint8_t* blob, uint32_t k0, uint32_t k1, float dmax,
+template <int BITS, typename T>
+void encode_all(const T* x, int64_t numel, int64_t group, uint8_t* blob, uint32_t k0, uint32_t k1, float dmax,
                 float scale_max) {
-  const int64_t groups = (numel + group - 1) / group;
-#pragma omp parallel for schedule(static) if (groups > 64)
-  for (int64_t g = 0; g < groups; ++g) encode_group<BITS>(x, numel, g, group, groups, blob, k0, k1, dmax, scale_max);
+  const int64_t groups = (numel + group - 1) / group, full = numel / group;
+#pragma omp parallel for schedule(static) if (full > 64)
+  for (int64_t g = 0; g < full; ++g)
+    encode_group<BITS, T>(x + g * group, (uint64_t)(g * group), g, group, groups, blob, k0, k1, dmax, scale_max);
+  if (full < groups) {  // the last, partial group: its tail repeats the last element
+    alignas(64) float tail[MAX_GROUP];
+    const int64_t base = full * group;
+    for (int64_t j = 0; j < group; ++j) tail[j] = load1(x + std::min(base + j, numel - 1));
+    encode_group<BITS, float>(tail, (uint64_t)base, full, group, groups, blob, k0, k1, dmax, scale_max);
+  }
 }
 
 template <int BITS>
@@ -200,14 +257,9 @@ void decode_all(const uint8_t* blob, int64_t numel, int64_t group, float* out, f
   for (int64_t g = 0; g < groups; ++g) decode_group<BITS>(blob, numel, g, group, groups, out, dmax);
 }
 
-}  // namespace
-
-extern "C" int gact_encode(const float* x, int64_t numel, int64_t group, uint8_t* blob, const int64_t* key,
-                           int from_state, int bits, float dmax, float scale_max) {
-  if (group > MAX_GROUP) return 2;
-  const uint32_t k0 = (uint32_t)key[0];
-  const uint32_t second = (uint32_t)key[1];
-  const uint32_t k1 = from_state ? fmix32((second * 0x9E3779B1u) ^ k0) : second;
+template <typename T>
+int encode_typed(const T* x, int64_t numel, int64_t group, uint8_t* blob, uint32_t k0, uint32_t k1, int bits,
+                 float dmax, float scale_max) {
   switch (bits) {
     case 1: encode_all<1>(x, numel, group, blob, k0, k1, dmax, scale_max); return 0;
     case 2: encode_all<2>(x, numel, group, blob, k0, k1, dmax, scale_max); return 0;
@@ -217,7 +269,34 @@ extern "C" int gact_encode(const float* x, int64_t numel, int64_t group, uint8_t
   return 1;
 }
 
+}  // namespace
+
+// dtype: 0 float32, 1 bfloat16, 2 float16. Returns 0, or 1 for an unsupported width, 2 for
+// an unsupported group size or dtype.
+extern "C" int gact_encode(const void* x, int64_t numel, int64_t group, uint8_t* blob, const int64_t* key,
+                           int from_state, int bits, float dmax, float scale_max, int dtype) {
+  if (group > MAX_GROUP || group % 8) return 2;
+  const uint32_t k0 = (uint32_t)key[0];
+  const uint32_t second = (uint32_t)key[1];
+  const uint32_t k1 = from_state ? fmix32((second * GOLDEN) ^ k0) : second;
+  switch (dtype) {
+    case 0: return encode_typed(static_cast<const float*>(x), numel, group, blob, k0, k1, bits, dmax, scale_max);
+    case 1: return encode_typed(static_cast<const bf16*>(x), numel, group, blob, k0, k1, bits, dmax, scale_max);
+    case 2: return encode_typed(static_cast<const f16*>(x), numel, group, blob, k0, k1, bits, dmax, scale_max);
+  }
+  return 2;
+}
+
+// The noise of elements first..first+count-1 (count a multiple of 8), for tests of the index arithmetic.
+extern "C" void gact_noise(uint64_t first, int64_t count, const int64_t* key, float* out) {
+  for (int64_t j = 0; j < count; j += 8) {
+    const f8 u = noise8(first + j, (uint32_t)key[0], (uint32_t)key[1]);
+    std::memcpy(out + j, &u, sizeof(u));
+  }
+}
+
 extern "C" int gact_decode(const uint8_t* blob, int64_t numel, int64_t group, float* out, int bits, float dmax) {
+  if (group > MAX_GROUP || group % 8) return 2;
   switch (bits) {
     case 1: decode_all<1>(blob, numel, group, out, dmax); return 0;
     case 2: decode_all<2>(blob, numel, group, out, dmax); return 0;
@@ -239,9 +318,11 @@ def library():
                     type(error).__name__, str(error).splitlines()[0][:200])
         return None
     pointer, size, flag = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.gact_encode.argtypes = [pointer, size, size, pointer, pointer, flag, flag, ctypes.c_float, ctypes.c_float]
+    lib.gact_encode.argtypes = [pointer, size, size, pointer, pointer, flag, flag, ctypes.c_float, ctypes.c_float, flag]
     lib.gact_decode.argtypes = [pointer, size, size, pointer, flag, ctypes.c_float]
+    lib.gact_noise.argtypes = [ctypes.c_uint64, size, pointer, pointer]
     lib.gact_encode.restype = lib.gact_decode.restype = flag
+    lib.gact_noise.restype = None
     return lib
 
 
@@ -252,15 +333,23 @@ def available() -> bool:
 def quantize(flat: torch.Tensor, bits: int, group_size: int, *, state=None, key=None) -> torch.Tensor:
     """Blob of a 1-D float CPU tensor at ``bits`` in {1, 2, 4, 8} (the reference's, bit for bit)."""
     source, from_state = (state, 1) if state is not None else (key, 0)
-    values = flat.contiguous() if flat.dtype == torch.float32 else flat.float()
+    values = flat.contiguous()
     numel = values.numel()
     blob = torch.empty(fmt.float_blob_nbytes(numel, bits, group_size, flat.element_size()), dtype=torch.uint8)
     blob[fmt.quantized_body_bytes(numel, bits, group_size) :] = 0  # padding and tag
     status = library().gact_encode(values.data_ptr(), numel, group_size, blob.data_ptr(), source.data_ptr(), from_state,
-                                   bits, float(torch.finfo(flat.dtype).max), SCALE_MAX)
+                                   bits, float(torch.finfo(flat.dtype).max), SCALE_MAX,
+                                   DTYPE_CODES[flat.dtype])
     if status:
         raise ValueError(f"gact CPU codec: unsupported width {bits} or group size {group_size} (at most {MAX_GROUP})")
     return blob
+
+
+def noise(key: torch.Tensor, first: int, count: int) -> torch.Tensor:
+    """The kernel's rounding noise for elements ``first`` .. ``first + count - 1`` (``count`` a multiple of 8)."""
+    out = torch.empty(count, dtype=torch.float32)
+    library().gact_noise(first, count, key.contiguous().data_ptr(), out.data_ptr())
+    return out
 
 
 def dequantize(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int) -> torch.Tensor:

@@ -81,7 +81,7 @@ def encode(flat: torch.Tensor, bits: int, group_size: int, *, state=None, key=No
     if chosen == "cpu":
         from . import cpu_kernels
 
-        if group_size <= cpu_kernels.MAX_GROUP:
+        if group_size <= cpu_kernels.MAX_GROUP and flat.dtype in cpu_kernels.DTYPE_CODES:
             return cpu_kernels.quantize(flat, bits, group_size, state=state, key=key)
     noise = None
     if flat.dtype != torch.bool and bits != fmt.PASS_THROUGH_BITS and flat.numel():

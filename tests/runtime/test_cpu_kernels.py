@@ -70,3 +70,23 @@ def test_the_ops_use_the_codec_on_the_cpu_by_default(monkeypatch):
     assert kernels.implementation(x.bool(), 2) == "reference" and kernels.implementation(x, 32) == "reference"
     monkeypatch.setenv("GACT_FX_KERNELS", "reference")
     assert kernels.implementation(x, 2) == "reference"
+
+
+@pytest.mark.parametrize("first", [0, 2**32 - 5, 2**32 - 8, 3 * 2**32 + 1])
+def test_the_noise_of_indices_past_two_to_the_32_matches_the_reference(first):
+    # The kernel hashes eight indices at a time in 32-bit lanes: one whose low word wraps
+    # inside the eight must carry into the high word, as the reference's int64 does.
+    key = noise.key_of(0x1234567, 0x89ABCDE)
+    index = torch.arange(first, first + 32, dtype=torch.int64)
+    assert torch.equal(cpu_kernels.noise(key, first, 32), noise.uniform(key, index))
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4])
+@pytest.mark.parametrize("group_size", [8, 24, 40])
+def test_groups_whose_codes_fill_part_of_a_word_match_the_reference(bits, group_size):
+    x = sample(10 * group_size + 3, torch.float32, seed=bits)
+    key = noise.key_of(7, group_size)
+    blob = cpu_kernels.quantize(x, bits, group_size, key=key)
+    assert torch.equal(blob, reference_blob(x, bits, group_size, key))
+    assert same_decode(cpu_kernels.dequantize(blob, x.numel(), torch.float32, group_size),
+                       dequantize_reference(blob, x.numel(), torch.float32, group_size))
