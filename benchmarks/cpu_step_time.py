@@ -4,6 +4,7 @@ One thread, median of several steps after warm-up, ratios against a baseline mea
 in the same run. Prints a Markdown table (and writes JSON with --json).
 
     python benchmarks/cpu_step_time.py                     # all models, both compilers
+    python benchmarks/cpu_step_time.py --models fashion-cnn char-gpt --compilers eager --bits 2
     python benchmarks/cpu_step_time.py --models block --compilers eager
 """
 
@@ -17,12 +18,23 @@ import sys
 import time
 
 import torch
+import torch.nn as nn
 
 import gact_fx
+from gact_fx.bench.tasks import CharGPT
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from benchmarks._results import save_table  # noqa: E402
 from tests.helpers import ConvBlock, MLP, TransformerBlock, projection_loss, tiny_bert  # noqa: E402
+
+
+def fashion_cnn() -> nn.Module:
+    """A small CNN for 28x28 grey images (Fashion-MNIST-like), as in the issue's measurement."""
+    return nn.Sequential(
+        nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(64 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10),
+    )
 
 
 def cases():
@@ -32,6 +44,8 @@ def cases():
         "block": (TransformerBlock(dim=128), (torch.randn(16, 64, 128),)),
         "conv": (ConvBlock(channels=32), (torch.randn(32, 3, 32, 32),)),
         "bert": (tiny_bert(), (torch.randint(0, 128, (16, 64)),)),
+        "fashion-cnn": (fashion_cnn(), (torch.randn(128, 1, 28, 28),)),  # batch 128
+        "char-gpt": (CharGPT(), (torch.randint(0, 256, (32, 128)),)),  # the char LM task's model and batch
     }
 
 
@@ -55,7 +69,7 @@ def measure(model, inputs, backend, steps):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["mlp", "block", "conv", "bert"])
+    parser.add_argument("--models", nargs="+", default=["fashion-cnn", "char-gpt", "mlp", "block", "conv", "bert"])
     parser.add_argument("--compilers", nargs="+", default=["eager", "inductor"])
     parser.add_argument("--bits", nargs="+", type=int, default=[8, 2])
     parser.add_argument("--steps", type=int, default=20)
@@ -81,8 +95,28 @@ def main(argv=None):
              "| model | compiler | gact bits | first call (compile) s | step ms | step vs gact off |", "| --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         lines.append(f"| {r['model']} | {r['compiler']} | {r['bits']} | {r['compile_s']:.1f} | {r['step_ms']:.1f} | {r['ratio']:.2f}x |")
+    lines += break_even(rows)
     print("\n".join(lines))
     save_table("cpu_step_time", "\n".join(lines), rows=rows)
+
+
+def break_even(rows: list[dict]) -> list[str]:
+    """``compiler="auto"`` on the CPU: after how many steps gact under Inductor (slower to
+    compile, faster per step) overtakes gact on the eager path, per model and width."""
+    lines = ["", "compiler='auto' runs the eager path on the CPU. Steps after which Inductor's longer compile pays off:", "",
+             "| model | gact bits | eager: compile s, step ms | inductor: compile s, step ms | Inductor pays off after |",
+             "| --- | --- | --- | --- | --- |"]
+    by_key = {(r["model"], r["compiler"], r["bits"]): r for r in rows}
+    for (model, compiler, bits), eager in by_key.items():
+        inductor = by_key.get((model, "inductor", bits))
+        if compiler != "eager" or bits == "off" or inductor is None:
+            continue
+        saved_ms = eager["step_ms"] - inductor["step_ms"]
+        extra_s = inductor["compile_s"] - eager["compile_s"]
+        verdict = "never (no faster per step)" if saved_ms <= 0 else f"{max(0, 1e3 * extra_s / saved_ms):.0f} steps"
+        lines.append(f"| {model} | {bits} | {eager['compile_s']:.1f}, {eager['step_ms']:.1f} | "
+                     f"{inductor['compile_s']:.1f}, {inductor['step_ms']:.1f} | {verdict} |")
+    return lines
 
 
 if __name__ == "__main__":

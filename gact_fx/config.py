@@ -74,12 +74,13 @@ class GactConfig:
 
     compiler: str = "auto"
     """'inductor' compiles the rewritten graphs with Inductor; 'eager' runs them as
-    Python (seconds to compile); 'auto' picks Inductor on CUDA or with lowering='aten', eager otherwise."""
+    Python (seconds to compile); 'auto' picks Inductor, or the eager path on the CPU when
+    GACT_FX_COMPILER=eager or no C++ compiler works."""
 
     lowering: str = "auto"
     """How compression reaches the compiled code: 'op' (opaque gact:: ops; Triton kernels
-    on CUDA, the torch reference on CPU), 'aten' (plain aten ops Inductor fuses into the
-    neighbouring kernels; needs compiler='inductor' and fixed bits), or 'auto'."""
+    on CUDA, the C++ codec on the CPU), 'aten' (plain aten ops Inductor fuses into the
+    neighbouring kernels; needs compiler='inductor' and fixed bits), or 'auto' (the ops)."""
 
     partitioner: str = "min_cut"
     """Which stock partitioner decides what is saved before gact compresses it:

@@ -12,6 +12,7 @@ in one process, at different bits, never see each other's.
 from __future__ import annotations
 
 import logging
+import os
 import weakref
 from collections.abc import Sequence
 
@@ -59,14 +60,28 @@ class _SharedBackends:
 _SHARED = _SharedBackends()
 
 
+AUTO_COMPILER_VARIABLE = "GACT_FX_COMPILER"
+
+
 def resolve_compiler(requested: str, example_inputs: Sequence[object], lowering: str = "auto") -> str:
-    """'auto' means Inductor when the graph runs on CUDA or asks for the aten lowering, eager FX otherwise."""
+    """'auto' means Inductor, as for any torch.compile user. On the CPU its longer compile
+    pays for itself within a few hundred steps (``benchmarks/cpu_step_time.py``), so only
+    ``GACT_FX_COMPILER=eager`` (quick experiments, the test suite) or a machine without a
+    C++ compiler for Inductor's CPU kernels make 'auto' take the eager path."""
     if requested != "auto":
         return requested
-    if lowering == "aten":
+    preferred = os.environ.get(AUTO_COMPILER_VARIABLE, "inductor")
+    if preferred not in ("inductor", "eager"):
+        raise ValueError(f"{AUTO_COMPILER_VARIABLE} must be 'inductor' or 'eager', got {preferred!r}")
+    if lowering == "aten" or any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in example_inputs):
         return "inductor"
-    on_cuda = any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in example_inputs)
-    return "inductor" if on_cuda else "eager"
+    if preferred == "inductor":
+        from .runtime import cpu_kernels
+
+        if not cpu_kernels.available():  # the same toolchain Inductor needs; its warning said why
+            log.warning("gact: compiler='auto' takes the eager path: no working C++ compiler for Inductor's CPU kernels")
+            return "eager"
+    return preferred
 
 
 class GactBackend:

@@ -2,7 +2,7 @@
 
 Without a GPU, Triton kernels run under the interpreter. Triton reads TRITON_INTERPRET
 once, when first imported (Inductor imports it too), so it is set here, before any
-test module imports anything.
+test module imports anything; so is GACT_FX_COMPILER.
 """
 
 import os
@@ -11,6 +11,9 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# compiler="auto" means Inductor; the suite runs the eager path unless a test asks for
+# Inductor (compiles of seconds, not minutes, on two cores).
+os.environ.setdefault("GACT_FX_COMPILER", "eager")
 
 import pytest  # noqa: E402
 

@@ -73,3 +73,30 @@ def test_offload_is_refused_where_torch_has_no_offloading_pass(monkeypatch):
     with pytest.raises(ValueError, match="needs torch 2.10 or later"):
         GactConfig.from_options({"level": "L3"})
     GactConfig.from_options({"level": "L2"})  # the rest is unaffected
+
+
+def test_auto_compiler_is_inductor_unless_the_environment_asks_for_eager(monkeypatch):
+    from gact_fx.dynamo_backend import resolve_compiler
+    from gact_fx.runtime import cpu_kernels
+
+    cpu_inputs = [torch.randn(2)]
+    monkeypatch.delenv("GACT_FX_COMPILER", raising=False)
+    assert resolve_compiler("auto", cpu_inputs) == ("inductor" if cpu_kernels.available() else "eager")
+    monkeypatch.setenv("GACT_FX_COMPILER", "eager")
+    assert resolve_compiler("auto", cpu_inputs) == "eager"
+    assert resolve_compiler("auto", cpu_inputs, lowering="aten") == "inductor"
+    assert resolve_compiler("inductor", cpu_inputs) == "inductor"
+    monkeypatch.setenv("GACT_FX_COMPILER", "fast")
+    with pytest.raises(ValueError, match="GACT_FX_COMPILER must be 'inductor' or 'eager', got 'fast'"):
+        resolve_compiler("auto", cpu_inputs)
+
+
+def test_auto_compiler_without_a_cpp_compiler_takes_the_eager_path_with_a_warning(monkeypatch, caplog):
+    from gact_fx.dynamo_backend import resolve_compiler
+    from gact_fx.runtime import cpu_kernels
+
+    monkeypatch.delenv("GACT_FX_COMPILER", raising=False)
+    monkeypatch.setattr(cpu_kernels, "available", lambda: False)
+    with caplog.at_level("WARNING", logger="gact_fx"):
+        assert resolve_compiler("auto", [torch.randn(2)]) == "eager"
+    assert "no working C++ compiler" in caplog.text
