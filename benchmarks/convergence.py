@@ -99,7 +99,8 @@ def main(argv=None):
     if args.merge:
         parts = [json.loads(stem.with_suffix(f".{name}.json").read_text()) for name in args.merge]
         results = [TrainResult(**r) for part in parts for r in part["results"]]
-        return write(results, task, stem, parts[0]["meta"])
+        meta = dict(parts[0]["meta"], command=" and ".join(part["meta"]["command"] for part in parts))
+        return write(results, task, stem, meta)
     RESULTS.mkdir(exist_ok=True)
     meta = metadata("cpu") | {"compiler": "auto (eager on the CPU)", "threads": args.threads}
     results = []

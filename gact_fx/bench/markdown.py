@@ -95,10 +95,11 @@ def accuracy_section(data: dict) -> str:
         higher_is_better = group[0].get("higher_is_better", HIGHER_IS_BETTER.get(task))
         direction = {True: ", higher is better", False: ", lower is better"}.get(higher_is_better, "")
         lines += [f"\n**{_cell(task)}** ({_cell(metric)}{direction})\n",
-                  f"| method | final {_cell(metric)} | vs uncompressed | average bits |", "| --- | --- | --- | --- |"]
+                  f"| method | final {_cell(metric)} | vs uncompressed | average bits | activations | "
+                  "largest gradient norm / uncompressed's |", "| --- | --- | --- | --- | --- | --- |"]
         for r in group:
             if r.get("error") or not r.get("curve"):
-                lines.append(f"| {_cell(r['method'])} | failed: {_cell(r.get('error', 'no result'))} | | |")
+                lines.append(f"| {_cell(r['method'])} | failed: {_cell(r.get('error', 'no result'))} | | | | |")
                 continue
             final = r["curve"][-1][1]
             if r.get("diverged"):
@@ -110,8 +111,18 @@ def accuracy_section(data: dict) -> str:
             else:
                 delta = f"{100 * (final - reference['curve'][-1][1]) / reference['curve'][-1][1]:+.2f}%"
             bits = f"{r['average_bits']:.2f}" if r.get("average_bits") else "-"  # 0: nothing was adaptive
-            lines.append(f"| {_cell(r['method'])} | {final:.4f} | {delta} | {bits} |")
+            saved = f"{r['activation_ratio']:.1f}x smaller" if r.get("activation_ratio") else "-"
+            lines.append(f"| {_cell(r['method'])} | {final:.4f} | {delta} | {bits} | {saved} | "
+                         f"{_norm_ratio(r, reference)} |")
     return "\n".join(lines) + "\n"
+
+
+def _norm_ratio(result: dict, reference: dict | None) -> str:
+    """The largest ratio of a run's gradient norm to the reference's at the same step."""
+    if reference is None or result is reference or not result.get("grad_norms") or not reference.get("grad_norms"):
+        return "-"
+    ratios = [a / b for a, b in zip(result["grad_norms"], reference["grad_norms"]) if b > 0]
+    return f"{max(ratios):.2f}x" if ratios else "-"
 
 
 def convergence_section(path: pathlib.Path, data: dict, target: pathlib.Path) -> str:
@@ -166,7 +177,7 @@ def write_markdown(results: pathlib.Path, target: pathlib.Path) -> pathlib.Path:
                 figure = _figure(title.split(":")[0].lower(), (results / name).with_suffix(".png"), target)
                 sections.append(table_section(title, note, data, figure))
     if all(data.get("meta", {}).get("device", "CPU").startswith("CPU") for data in loaded):
-        sections.insert(2, "**No section below was measured on a GPU**: there is no max-batch table and no "
+        sections.insert(2, "**No section below was measured on a GPU**: there is no max-batch table and no GPU "
                         "kernel bandwidth table; GPU speed and memory are unmeasured.\n")
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text("\n".join(sections))
