@@ -32,11 +32,20 @@ def note_saved(tensor: torch.Tensor) -> None:
 
 
 class SavedBytesMeter:
-    """``with SavedBytesMeter(exclude=model.parameters()) as meter: loss = model(x)``."""
+    """``with SavedBytesMeter(exclude=model.parameters()) as meter: loss = model(x)``.
 
-    def __init__(self, exclude: Iterable[torch.Tensor] = ()) -> None:
+    With ``weights`` (the parameters), a saved tensor of a weight's shape and dtype that
+    equals it is a copy of that weight in another layout (Inductor makes such copies of
+    convolution weights after the graph is partitioned, where no graph shows them): its
+    bytes go to ``weight_copy_nbytes``, not ``nbytes``."""
+
+    def __init__(self, exclude: Iterable[torch.Tensor] = (), weights: Iterable[torch.Tensor] = ()) -> None:
         self._excluded = {t.untyped_storage().data_ptr() for t in exclude}
+        self._weights: dict[tuple, list[torch.Tensor]] = {}
+        for weight in weights:
+            self._weights.setdefault((tuple(weight.shape), weight.dtype, weight.device), []).append(weight)
         self._storages: dict[int, int] = {}
+        self._weight_copies: dict[int, int] = {}
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
         self._token: contextvars.Token | None = None
 
@@ -44,7 +53,10 @@ class SavedBytesMeter:
         storage = tensor.untyped_storage()
         pointer = storage.data_ptr()
         if pointer not in self._excluded and storage.nbytes():
-            self._storages[pointer] = storage.nbytes()
+            copies = self._weights.get((tuple(tensor.shape), tensor.dtype, tensor.device), ())
+            with torch.no_grad():
+                is_copy = any(torch.equal(tensor, weight) for weight in copies)
+            (self._weight_copies if is_copy else self._storages)[pointer] = storage.nbytes()
         return tensor
 
     def __enter__(self) -> SavedBytesMeter:
@@ -67,6 +79,10 @@ class SavedBytesMeter:
     def nbytes(self) -> int:
         return sum(self._storages.values())
 
+    @property
+    def weight_copy_nbytes(self) -> int:
+        return sum(self._weight_copies.values())
+
 
 def saved_activation_bytes(model: torch.nn.Module, *inputs, **kwargs) -> int:
     """Bytes one forward call of ``model`` leaves held for the backward when the caller
@@ -76,3 +92,14 @@ def saved_activation_bytes(model: torch.nn.Module, *inputs, **kwargs) -> int:
         output = model(*inputs, **kwargs)
     del output
     return meter.nbytes
+
+
+def saved_bytes_by_kind(model: torch.nn.Module, *inputs, **kwargs) -> tuple[int, int]:
+    """``(activation bytes, weight-copy bytes)`` one forward call leaves held for the backward,
+    the caller keeping only the loss; a saved tensor equal to a parameter in another
+    layout is a weight copy (see ``SavedBytesMeter``)."""
+    exclude = [*model.parameters(), *model.buffers()]
+    with SavedBytesMeter(exclude=exclude, weights=model.parameters()) as meter:
+        output = model(*inputs, **kwargs)
+    del output
+    return meter.nbytes, meter.weight_copy_nbytes

@@ -70,3 +70,23 @@ def test_the_memory_timeline_counts_blobs_at_their_size(options):
     (record,) = backend.records
     assert record.timeline.forward[-1] == record.activation_bytes_after
     assert record.baseline_timeline.forward[-1] == record.activation_bytes_before
+
+
+def test_a_saved_copy_of_a_weight_in_another_layout_is_counted_as_a_weight_copy():
+    # Inductor re-lays convolution weights out after partitioning: the backward then holds
+    # a copy that no graph shows. The meter tells it from activations by value.
+    from gact_fx.measure import saved_bytes_by_kind
+
+    class Layout(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(64, 32))
+
+        def forward(self, x):
+            copy = self.weight.t().contiguous().t()  # the same values, column-major
+            return (x @ copy).square().sum()
+
+    x = torch.randn(16, 64, requires_grad=True)
+    activations, copies = saved_bytes_by_kind(Layout(), x)
+    assert copies == 64 * 32 * 4
+    assert activations == x.numel() * 4 + 16 * 32 * 4  # x for the matmul, its output for the square

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..measure import saved_activation_bytes
+from ..measure import saved_bytes_by_kind
 from .methods import Method
 from .zoo import Workload
 
@@ -134,9 +134,12 @@ def measure(workload: Workload, method: Method, *, model: str, size: str, compil
             result.compile_s, result.step_ms = time_training(
                 lambda: runner.step(inputs), device=device, steps=steps, warming=runner.probing
             )
-            # the compiled module's parameters and buffers are the model's: left out
-            held = saved_activation_bytes(runner.compiled, *inputs)
-            result.weight_copy_bytes = runner.backend.report().parameter_copy_bytes
+            # The compiled module's parameters and buffers are the model's: left out. Weight
+            # copies: the graphs show casts and transposes; layout copies Inductor makes
+            # later show only as saved tensors equal to a weight. Both see some copies.
+            activations, layout_copies = saved_bytes_by_kind(runner.compiled, *inputs)
+            held = activations + layout_copies
+            result.weight_copy_bytes = max(layout_copies, runner.backend.report().parameter_copy_bytes)
             result.saved_bytes = held - result.weight_copy_bytes
             if device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
