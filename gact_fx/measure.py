@@ -87,11 +87,7 @@ class SavedBytesMeter:
 def saved_activation_bytes(model: torch.nn.Module, *inputs, **kwargs) -> int:
     """Bytes one forward call of ``model`` leaves held for the backward when the caller
     keeps only the loss: every storage autograd saved, but the parameters and buffers."""
-    exclude = [*model.parameters(), *model.buffers()]
-    with SavedBytesMeter(exclude=exclude) as meter:
-        output = model(*inputs, **kwargs)
-    del output
-    return meter.nbytes
+    return sum(saved_bytes_by_kind(model, *inputs, **kwargs))
 
 
 def saved_bytes_by_kind(model: torch.nn.Module, *inputs, **kwargs) -> tuple[int, int]:
