@@ -144,6 +144,8 @@ TABLE_FILES = {
     "cpu_peak_memory.json": ("Peak step memory on the CPU: transformers at base width",
                              "`benchmarks/cpu_peak_memory.py`: one training step per method, the caller keeping only the "
                              "loss; peak from the CPU profiler's allocation events, above what was live before the step."),
+    "cpu_peak_memory_batch8.json": ("Peak step memory on the CPU: the same at twice the batch",
+                                    "`benchmarks/cpu_peak_memory.py --batch 8`: as above, with twice the tokens per step."),
     "kernels.json": ("Kernels: quantize / dequantize bandwidth and step time", "Against a device-to-device copy of the same tensor."),
     "gpu_suite.json": ("GPU suite", "`gact-fx bench --gpu-suite`: the GPU tests, the kernels against a device copy, and "
                        "three models against torch.compile."),
