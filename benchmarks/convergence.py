@@ -23,7 +23,7 @@ import torch
 
 from gact_fx.bench.metadata import metadata
 from gact_fx.bench.tasks import TASKS
-from gact_fx.bench.train import METHODS, TrainResult, train
+from gact_fx.bench.train import METHODS, TrainResult, largest_norm_ratio, train
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 
@@ -57,10 +57,9 @@ def plot(results, task, path):
 
 def max_norm_ratio(result: TrainResult, reference: TrainResult | None) -> float | None:
     """The largest ratio of ``result``'s gradient norm to the reference's at the same step."""
-    if reference is None or not result.grad_norms or result is reference:
+    if reference is None or result is reference:
         return None
-    pairs = [(a, b) for a, b in zip(result.grad_norms, reference.grad_norms) if b > 0]
-    return max((a / b for a, b in pairs), default=None)
+    return largest_norm_ratio(result.grad_norms, reference.grad_norms)
 
 
 def table(results: list[TrainResult], task) -> str:

@@ -29,48 +29,23 @@ import torch
 
 from gact_fx.bench import measure as bench_measure
 from gact_fx.bench.methods import ALL
+from gact_fx.bench.zoo import TEXT_VOCAB, checkpoint_blocks, text_model
 from gact_fx.measure import saved_activation_bytes
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from benchmarks._results import save_table  # noqa: E402
 
 METHODS = ("torch.compile", "gact 8 bit", "gact 4 bit", "gact 2 bit", "budget 0.0", "checkpoint")
-VOCAB = 1024
-
-
-def build(kind: str, layers: int, sequence: int) -> torch.nn.Module:
-    import transformers as T
-
-    hidden, heads = 768, 12
-    if kind == "bert":
-        model = T.BertModel(T.BertConfig(vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                                         intermediate_size=4 * hidden, max_position_embeddings=sequence))
-    elif kind == "gpt2":
-        model = T.GPT2Model(T.GPT2Config(vocab_size=VOCAB, n_embd=hidden, n_layer=layers, n_head=heads, n_positions=sequence,
-                                         bos_token_id=0, eos_token_id=0))
-    else:
-        model = T.LlamaModel(T.LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
-                                           num_attention_heads=heads, num_key_value_heads=heads // 2, max_position_embeddings=sequence))
-    return model
-
-
-class LastHidden(torch.nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids):
-        return self.model(input_ids=ids).last_hidden_state
 
 
 def run(kind: str, method_name: str, args) -> dict:
     method = ALL[method_name]
     torch.manual_seed(0)
-    model = LastHidden(build(kind, args.layers, args.sequence))
+    model = text_model(kind, args.layers, hidden=768, heads=12, sequence=args.sequence)
     if method.checkpoint:
-        model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        checkpoint_blocks(model)
     model.train()
-    ids = torch.randint(0, VOCAB, (args.batch, args.sequence), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, TEXT_VOCAB, (args.batch, args.sequence), generator=torch.Generator().manual_seed(0))
     row = dict(model=kind, method=method_name, gradient_bytes=sum(p.numel() * p.element_size() for p in model.parameters()))
     with method.patches():
         backend = method.backend(args.compiler)

@@ -15,6 +15,7 @@ import pathlib
 from ..report import format_bytes
 from ..runtime.format import ideal_ratio
 from .tasks import TASKS
+from .train import largest_norm_ratio
 
 # Which way each task's metric improves, for result files that do not say (older ones,
 # and benchmarks/convergence.py's, whose TrainResult has no such field).
@@ -119,10 +120,10 @@ def accuracy_section(data: dict) -> str:
 
 def _norm_ratio(result: dict, reference: dict | None) -> str:
     """The largest ratio of a run's gradient norm to the reference's at the same step."""
-    if reference is None or result is reference or not result.get("grad_norms") or not reference.get("grad_norms"):
+    if reference is None or result is reference:
         return "-"
-    ratios = [a / b for a, b in zip(result["grad_norms"], reference["grad_norms"]) if b > 0]
-    return f"{max(ratios):.2f}x" if ratios else "-"
+    ratio = largest_norm_ratio(result.get("grad_norms") or [], reference.get("grad_norms") or [])
+    return "-" if ratio is None else f"{ratio:.2f}x"
 
 
 def convergence_section(path: pathlib.Path, data: dict, target: pathlib.Path) -> str:

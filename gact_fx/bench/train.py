@@ -30,6 +30,11 @@ METHODS = {
 }  # gact options by level, for benchmarks/convergence.py
 
 
+def largest_norm_ratio(norms: list[float], reference: list[float]) -> float | None:
+    """The largest ratio of one run's gradient norm to a reference run's at the same step."""
+    return max((a / b for a, b in zip(norms, reference) if b > 0), default=None)
+
+
 @dataclass
 class TrainResult:
     task: str

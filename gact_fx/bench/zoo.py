@@ -40,7 +40,8 @@ class _Hidden(nn.Module):
         return getattr(self.model(**{self.key: x}), self.field)
 
 
-def _hf_checkpointing(wrapper: nn.Module) -> None:
+def checkpoint_blocks(wrapper: nn.Module) -> None:
+    """Per-block checkpointing of a wrapped transformers model."""
     wrapper.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
@@ -49,11 +50,16 @@ _TEXT = {  # layers, hidden, heads, sequence
 }
 
 
-def _text_model(kind: str, size: str, device) -> Workload:
+TEXT_VOCAB = 1024
+
+
+def text_model(kind: str, layers: int, hidden: int, heads: int, sequence: int) -> nn.Module:
+    """A transformers BERT, GPT-2 or Llama from its config (random weights), wrapped to take
+    token ids and return the last hidden state; ``checkpoint_blocks`` turns on its
+    per-block checkpointing."""
     import transformers as T
 
-    layers, hidden, heads, sequence = _TEXT[size]
-    vocab = 1024
+    vocab = TEXT_VOCAB
     if kind == "bert":
         model = T.BertModel(T.BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                                          intermediate_size=4 * hidden, max_position_embeddings=sequence))
@@ -63,10 +69,15 @@ def _text_model(kind: str, size: str, device) -> Workload:
     else:
         model = T.LlamaModel(T.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
                                            num_attention_heads=heads, num_key_value_heads=max(1, heads // 2), max_position_embeddings=sequence))
-    wrapper = _Hidden(model, "last_hidden_state", "input_ids").to(device)
+    return _Hidden(model, "last_hidden_state", "input_ids")
+
+
+def _text_model(kind: str, size: str, device) -> Workload:
+    layers, hidden, heads, sequence = _TEXT[size]
+    wrapper = text_model(kind, layers, hidden, heads, sequence).to(device)
     generator = torch.Generator().manual_seed(0)
-    batch = lambda n: (torch.randint(0, vocab, (n, sequence), generator=generator).to(device),)  # noqa: E731
-    return Workload(wrapper, batch, _square_mean, {"tiny": 8, "small": 8, "base": 16, "large": 8}[size], _hf_checkpointing)
+    batch = lambda n: (torch.randint(0, TEXT_VOCAB, (n, sequence), generator=generator).to(device),)  # noqa: E731
+    return Workload(wrapper, batch, _square_mean, {"tiny": 8, "small": 8, "base": 16, "large": 8}[size], checkpoint_blocks)
 
 
 _IMAGES = {"tiny": 32, "small": 64, "base": 224, "large": 224}
@@ -80,7 +91,7 @@ def _vision_model(kind: str, size: str, device) -> Workload:
         layers, hidden, heads, _ = _TEXT[size]
         model = T.ViTModel(T.ViTConfig(image_size=image, patch_size=16 if image >= 224 else 8, hidden_size=hidden, num_hidden_layers=layers,
                                        num_attention_heads=heads, intermediate_size=4 * hidden))
-        wrapper, checkpointing = _Hidden(model, "last_hidden_state", "pixel_values"), _hf_checkpointing
+        wrapper, checkpointing = _Hidden(model, "last_hidden_state", "pixel_values"), checkpoint_blocks
     elif kind == "resnet":
         depths = {"tiny": [1, 1, 1, 1], "small": [2, 2, 2, 2], "base": [3, 4, 6, 3], "large": [3, 4, 23, 3]}[size]
         model = T.ResNetModel(T.ResNetConfig(layer_type="bottleneck", depths=depths, hidden_sizes=[256, 512, 1024, 2048], embedding_size=64))
