@@ -9,6 +9,7 @@
 
     python benchmarks/kernels.py                 # on whatever device is there
     python benchmarks/kernels.py --device cuda --numel 67108864
+    python benchmarks/kernels.py --skip-steps --threads 2 --name kernels_cpu_threads2
 """
 
 from __future__ import annotations
@@ -83,12 +84,14 @@ def main(argv=None):
     parser.add_argument("--numel", type=int, default=None, help="elements per tensor (default: 64M on CUDA, 4M on CPU)")
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--skip-steps", action="store_true")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads, for the codec and the copy alike")
+    parser.add_argument("--name", default="kernels", help="results file: benchmarks/results/NAME.json")
     args = parser.parse_args(argv)
     on_cuda = args.device == "cuda"
     numel = args.numel or (1 << 26 if on_cuda else 1 << 22)
     repeats = args.repeats or (20 if on_cuda else 5)
     if not on_cuda:
-        torch.set_num_threads(1)
+        torch.set_num_threads(args.threads)
     rows = kernel_table(args.device, numel, repeats, progress=lambda row: print(f"  {row}", file=sys.stderr, flush=True))
     lines = [kernel_markdown(rows, numel, repeats)]
     if not args.skip_steps:
@@ -96,7 +99,7 @@ def main(argv=None):
         for r in step_table(args.device, "full" if on_cuda else "small", repeats):
             lines.append(f"| {r['model']} | {r['method']} | {r['step_ms']:.1f} | {r['vs_compile']:.2f}x |")
     print("\n".join(lines))
-    save_table("kernels", "\n".join(lines), device=args.device)
+    save_table(args.name, "\n".join(lines), device=args.device)
 
 
 if __name__ == "__main__":

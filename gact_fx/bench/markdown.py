@@ -147,7 +147,12 @@ TABLE_FILES = {
                              "loss; peak from the CPU profiler's allocation events, above what was live before the step."),
     "cpu_peak_memory_batch8.json": ("Peak step memory on the CPU: the same at twice the batch",
                                     "`benchmarks/cpu_peak_memory.py --batch 8`: as above, with twice the tokens per step."),
+    "cpu_peak_memory_base.json": ("Peak step memory on the CPU: the zoo's base size",
+                                  "`benchmarks/cpu_peak_memory.py --layers 12 --sequence 512 --batch 16`: the zoo's base "
+                                  "size (12 layers, hidden 768, batch 16 x 512 tokens), otherwise as above."),
     "kernels.json": ("Kernels: quantize / dequantize bandwidth and step time", "Against a device-to-device copy of the same tensor."),
+    "kernels_cpu_threads2.json": ("Kernels on both CPU cores", "`benchmarks/kernels.py --skip-steps --threads 2`: the codec "
+                                  "and the copy it is measured against each run on two threads."),
     "gpu_suite.json": ("GPU suite", "`gact-fx bench --gpu-suite`: the GPU tests, the kernels against a device copy, and "
                        "three models against torch.compile."),
 }

@@ -5,8 +5,9 @@ each a full pass over the activation with its own temporary (the noise hash alon
 dozen int64 tensors): on the CPU that cost more than the training step it compresses,
 and its temporaries raised the peak memory. This kernel does, per group of
 ``group_size`` elements held in the L1 cache: min, max, special values and NaN; the
-scale; the noise (``runtime.noise``'s hash), the rounding and the packing, eight lanes at a time
-in GCC/Clang vector types; decode is one pass too. Groups run in parallel under OpenMP,
+scale; the noise (``runtime.noise``'s hash, one vector of hashes serving two vectors of
+elements), the rounding and the packing, eight lanes at a time in GCC/Clang vector types;
+decode is one pass too. Groups run in parallel under OpenMP,
 which follows ``torch.set_num_threads``. (Inductor compiles with
 ``-fno-tree-loop-vectorize``: loops left to the auto-vectoriser ran 4x slower.)
 
@@ -15,8 +16,8 @@ same order, with no fused multiply-add). It is compiled on first use by Inductor
 toolchain (the compiler Inductor needs on the CPU anyway; about a second, then cached
 on disk): no build step at install. If that fails, a warning says so and the
 reference serves instead. float32, bfloat16 and float16 are read as they are (converted
-to float32 in registers, as the reference's arithmetic is float32); decode writes float32
-and torch converts it to a 16-bit dtype.
+to float32 in registers, as the reference's arithmetic is float32); decode writes each dtype
+directly, rounding to nearest even as torch's conversion does.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from .reference import SCALE_MAX
 log = logging.getLogger("gact_fx")
 MAX_GROUP = 4096  # the kernel's buffers; larger groups take the reference
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+NO_HALF_STORE = 3  # gact_decode's answer for float16 on a machine without F16C
 
 _SOURCE = r"""
 #include <algorithm>
@@ -73,13 +75,22 @@ inline u8 fmix32(u8 h) {
   return h;
 }
 
-// runtime.noise's hash of the eight element indices first..first+7, as uniforms in [0, 1)
-inline f8 noise8(uint64_t first, uint32_t k0, uint32_t k1) {
-  const u8 low = splat_u((uint32_t)first) + LANES;
-  const u8 high = splat_u((uint32_t)(first >> 32)) - (u8)(low < splat_u((uint32_t)first));  // +1 past a wrap
-  const u8 h = fmix32(fmix32((low * splat_u(GOLDEN)) ^ splat_u(k1)) ^ splat_u(k0) ^ high);
-  return __builtin_convertvector((i8)(h >> 8), f8) * splat(1.0f / 16777216.0f);
+// runtime.noise's hash of the pairs of the sixteen elements first..first+15 (first a multiple
+// of 16): lane l holds the noise of element first+l in its low half, of first+8+l in its high half
+inline u8 pair_hash8(uint64_t first, uint32_t key) {
+  const uint64_t pair = (first >> 4) * 8;  // a multiple of 8: its eight lanes share one high word
+  const u8 low = splat_u((uint32_t)pair) + LANES;
+  return fmix32((low * splat_u(GOLDEN)) ^ splat_u(key ^ ((uint32_t)(pair >> 32) * M1)));
 }
+
+// the uniforms in (0, 1) of eight elements from their half of a pair hash
+inline f8 uniforms(u8 h, bool upper) {
+  const u8 half = upper ? h >> 16 : h & splat_u(0xFFFFu);
+  return __builtin_convertvector((i8)((half << 1) | splat_u(1)), f8) * splat(1.0f / 131072.0f);
+}
+
+// k1 XOR k0 * M2: the part of the hash's input that is the same for every element of a call
+inline uint32_t call_word(uint32_t k0, uint32_t k1) { return k1 ^ (k0 * M2); }
 
 struct bf16 { uint16_t bits; };
 struct f16 { uint16_t bits; };
@@ -116,7 +127,7 @@ constexpr int64_t MAX_GROUP = 4096;  // the tail group's buffer
 // from the L1 cache, the statistics, then noise, rounding and packing eight lanes at a time.
 template <int BITS, typename T>
 void encode_group(const T* src, uint64_t base, int64_t g, int64_t group, int64_t groups, uint8_t* blob,
-                  uint32_t k0, uint32_t k1, float dmax, float scale_max) {
+                  uint32_t key, float dmax, float scale_max) {
   constexpr int L = (1 << BITS) - 1;
   const f8 infinity = splat(INFINITY), extreme = splat(dmax);
   f8 low8 = infinity, high8 = -infinity;
@@ -173,14 +184,18 @@ void encode_group(const T* src, uint64_t base, int64_t g, int64_t group, int64_t
   const f8 lo_half = splat(lo * 0.5f), used_half = splat(used * 0.5f), ceiling = splat((float)top), zero = splat(0.0f);
   // Codes of up to 32 / (8 * BITS) vectors of eight are gathered into one 32-bit word.
   constexpr int VECTORS = BITS == 8 ? 1 : 4 / BITS;
+  u8 hashes = splat_u(0);
+  uint64_t hashed = ~(uint64_t)0;  // the first index of the sixteen elements ``hashes`` serves
   for (int64_t start = 0; start < group; start += 8 * VECTORS) {
    u8 word8 = splat_u(0);
    const int vectors = (int)std::min<int64_t>(VECTORS, (group - start) / 8);
    for (int v = 0; v < vectors; ++v) {
     const int64_t j = start + 8 * v;
     const f8 a = load8(src + j);
-    // the noise: runtime.noise's hash of each element's index
-    const f8 u = noise8(base + j, k0, k1);
+    // the noise: one vector of hashes serves this vector and the next
+    const uint64_t index = base + j;
+    if ((index & ~(uint64_t)15) != hashed) { hashed = index & ~(uint64_t)15; hashes = pair_hash8(hashed, key); }
+    const f8 u = uniforms(hashes, index & 8);
     // clamp(floor(t), 0, top) as clamp(t, 0, top) then truncation: equal for every t, NaN -> 0
     f8 t = (a * 0.5f - lo_half) / used_half + u;
     t = t > zero ? t : zero;
@@ -201,8 +216,23 @@ void encode_group(const T* src, uint64_t base, int64_t g, int64_t group, int64_t
   }
 }
 
-template <int BITS>
-void decode_group(const uint8_t* blob, int64_t numel, int64_t g, int64_t group, int64_t groups, float* out, float dmax) {
+// Eight decoded values written as T, rounded to nearest even as torch converts float32.
+inline void store8(float* p, f8 v) { std::memcpy(p, &v, sizeof(v)); }
+inline void store8(bf16* p, f8 v) {
+  const u8 bits = (u8)v;
+  const u8 rounded = (bits + splat_u(0x7FFFu) + ((bits >> 16) & splat_u(1))) >> 16;
+  const h8 halves = __builtin_convertvector(v != v ? splat_u(0x7FC0u) : rounded, h8);  // NaN as torch writes it
+  std::memcpy(p, &halves, sizeof(halves));
+}
+#if defined(__F16C__)
+inline void store8(f16* p, f8 v) {
+  __m256 wide; std::memcpy(&wide, &v, sizeof(v));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(wide, _MM_FROUND_TO_NEAREST_INT));
+}
+#endif
+
+template <int BITS, typename T>
+void decode_group(const uint8_t* blob, int64_t numel, int64_t g, int64_t group, int64_t groups, T* out, float dmax) {
   constexpr uint32_t L = (1u << BITS) - 1;
   const float* words = reinterpret_cast<const float*>(blob);
   const float word = words[g];
@@ -214,9 +244,9 @@ void decode_group(const uint8_t* blob, int64_t numel, int64_t g, int64_t group, 
   const u8 marker = splat_u(flagged ? L : L + 1);  // a code no value has, when the group holds no special value
   const uint8_t* codes = blob + 8 * groups + g * (group * BITS / 8);
   const int64_t base = g * group;
-  alignas(64) float tail[MAX_GROUP];
+  alignas(64) T tail[MAX_GROUP];
   const bool partial = base + group > numel;
-  float* target = partial ? tail : out + base;
+  T* target = partial ? tail : out + base;
   for (int64_t j = 0; j < group; j += 8) {
     u8 code;
     if constexpr (BITS == 8) {
@@ -229,42 +259,52 @@ void decode_group(const uint8_t* blob, int64_t numel, int64_t g, int64_t group, 
       code = (splat_u(packed) >> (LANES * BITS)) & splat_u(L);
     }
     const f8 product = __builtin_convertvector((i8)code, f8) * scale8;
-    const f8 value = code == marker ? special : product + lo;
-    std::memcpy(target + j, &value, sizeof(value));
+    store8(target + j, code == marker ? special : product + lo);
   }
-  if (partial) std::memcpy(out + base, tail, (numel - base) * sizeof(float));
+  if (partial) std::memcpy(out + base, tail, (numel - base) * sizeof(T));
 }
 
 template <int BITS, typename T>
-void encode_all(const T* x, int64_t numel, int64_t group, uint8_t* blob, uint32_t k0, uint32_t k1, float dmax,
+void encode_all(const T* x, int64_t numel, int64_t group, uint8_t* blob, uint32_t key, float dmax,
                 float scale_max) {
   const int64_t groups = (numel + group - 1) / group, full = numel / group;
 #pragma omp parallel for schedule(static) if (full > 64)
   for (int64_t g = 0; g < full; ++g)
-    encode_group<BITS, T>(x + g * group, (uint64_t)(g * group), g, group, groups, blob, k0, k1, dmax, scale_max);
+    encode_group<BITS, T>(x + g * group, (uint64_t)(g * group), g, group, groups, blob, key, dmax, scale_max);
   if (full < groups) {  // the last, partial group: its tail repeats the last element
     alignas(64) float tail[MAX_GROUP];
     const int64_t base = full * group;
     for (int64_t j = 0; j < group; ++j) tail[j] = load1(x + std::min(base + j, numel - 1));
-    encode_group<BITS, float>(tail, (uint64_t)base, full, group, groups, blob, k0, k1, dmax, scale_max);
+    encode_group<BITS, float>(tail, (uint64_t)base, full, group, groups, blob, key, dmax, scale_max);
   }
 }
 
-template <int BITS>
-void decode_all(const uint8_t* blob, int64_t numel, int64_t group, float* out, float dmax) {
+template <int BITS, typename T>
+void decode_all(const uint8_t* blob, int64_t numel, int64_t group, T* out, float dmax) {
   const int64_t groups = (numel + group - 1) / group;
 #pragma omp parallel for schedule(static) if (groups > 64)
-  for (int64_t g = 0; g < groups; ++g) decode_group<BITS>(blob, numel, g, group, groups, out, dmax);
+  for (int64_t g = 0; g < groups; ++g) decode_group<BITS, T>(blob, numel, g, group, groups, out, dmax);
 }
 
 template <typename T>
-int encode_typed(const T* x, int64_t numel, int64_t group, uint8_t* blob, uint32_t k0, uint32_t k1, int bits,
+int decode_typed(const uint8_t* blob, int64_t numel, int64_t group, T* out, int bits, float dmax) {
+  switch (bits) {
+    case 1: decode_all<1>(blob, numel, group, out, dmax); return 0;
+    case 2: decode_all<2>(blob, numel, group, out, dmax); return 0;
+    case 4: decode_all<4>(blob, numel, group, out, dmax); return 0;
+    case 8: decode_all<8>(blob, numel, group, out, dmax); return 0;
+  }
+  return 1;
+}
+
+template <typename T>
+int encode_typed(const T* x, int64_t numel, int64_t group, uint8_t* blob, uint32_t key, int bits,
                  float dmax, float scale_max) {
   switch (bits) {
-    case 1: encode_all<1>(x, numel, group, blob, k0, k1, dmax, scale_max); return 0;
-    case 2: encode_all<2>(x, numel, group, blob, k0, k1, dmax, scale_max); return 0;
-    case 4: encode_all<4>(x, numel, group, blob, k0, k1, dmax, scale_max); return 0;
-    case 8: encode_all<8>(x, numel, group, blob, k0, k1, dmax, scale_max); return 0;
+    case 1: encode_all<1>(x, numel, group, blob, key, dmax, scale_max); return 0;
+    case 2: encode_all<2>(x, numel, group, blob, key, dmax, scale_max); return 0;
+    case 4: encode_all<4>(x, numel, group, blob, key, dmax, scale_max); return 0;
+    case 8: encode_all<8>(x, numel, group, blob, key, dmax, scale_max); return 0;
   }
   return 1;
 }
@@ -279,31 +319,40 @@ extern "C" int gact_encode(const void* x, int64_t numel, int64_t group, uint8_t*
   const uint32_t k0 = (uint32_t)key[0];
   const uint32_t second = (uint32_t)key[1];
   const uint32_t k1 = from_state ? fmix32((second * GOLDEN) ^ k0) : second;
+  const uint32_t word = call_word(k0, k1);
   switch (dtype) {
-    case 0: return encode_typed(static_cast<const float*>(x), numel, group, blob, k0, k1, bits, dmax, scale_max);
-    case 1: return encode_typed(static_cast<const bf16*>(x), numel, group, blob, k0, k1, bits, dmax, scale_max);
-    case 2: return encode_typed(static_cast<const f16*>(x), numel, group, blob, k0, k1, bits, dmax, scale_max);
+    case 0: return encode_typed(static_cast<const float*>(x), numel, group, blob, word, bits, dmax, scale_max);
+    case 1: return encode_typed(static_cast<const bf16*>(x), numel, group, blob, word, bits, dmax, scale_max);
+    case 2: return encode_typed(static_cast<const f16*>(x), numel, group, blob, word, bits, dmax, scale_max);
   }
   return 2;
 }
 
-// The noise of elements first..first+count-1 (count a multiple of 8), for tests of the index arithmetic.
+// The noise of elements first..first+count-1 (both multiples of 16), for tests of the index arithmetic.
 extern "C" void gact_noise(uint64_t first, int64_t count, const int64_t* key, float* out) {
-  for (int64_t j = 0; j < count; j += 8) {
-    const f8 u = noise8(first + j, (uint32_t)key[0], (uint32_t)key[1]);
-    std::memcpy(out + j, &u, sizeof(u));
+  const uint32_t word = call_word((uint32_t)key[0], (uint32_t)key[1]);
+  for (int64_t j = 0; j < count; j += 16) {
+    const u8 hashes = pair_hash8(first + j, word);
+    const f8 low = uniforms(hashes, false), high = uniforms(hashes, true);
+    std::memcpy(out + j, &low, sizeof(low));
+    std::memcpy(out + j + 8, &high, sizeof(high));
   }
 }
 
-extern "C" int gact_decode(const uint8_t* blob, int64_t numel, int64_t group, float* out, int bits, float dmax) {
+// dtype as for gact_encode; 3 when this machine cannot write float16 (no F16C): decode to float32.
+extern "C" int gact_decode(const uint8_t* blob, int64_t numel, int64_t group, void* out, int bits, float dmax,
+                           int dtype) {
   if (group > MAX_GROUP || group % 8) return 2;
-  switch (bits) {
-    case 1: decode_all<1>(blob, numel, group, out, dmax); return 0;
-    case 2: decode_all<2>(blob, numel, group, out, dmax); return 0;
-    case 4: decode_all<4>(blob, numel, group, out, dmax); return 0;
-    case 8: decode_all<8>(blob, numel, group, out, dmax); return 0;
+  switch (dtype) {
+    case 0: return decode_typed(blob, numel, group, static_cast<float*>(out), bits, dmax);
+    case 1: return decode_typed(blob, numel, group, static_cast<bf16*>(out), bits, dmax);
+#if defined(__F16C__)
+    case 2: return decode_typed(blob, numel, group, static_cast<f16*>(out), bits, dmax);
+#else
+    case 2: return 3;
+#endif
   }
-  return 1;
+  return 2;
 }
 """
 
@@ -319,7 +368,7 @@ def library():
         return None
     pointer, size, flag = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.gact_encode.argtypes = [pointer, size, size, pointer, pointer, flag, flag, ctypes.c_float, ctypes.c_float, flag]
-    lib.gact_decode.argtypes = [pointer, size, size, pointer, flag, ctypes.c_float]
+    lib.gact_decode.argtypes = [pointer, size, size, pointer, flag, ctypes.c_float, flag]
     lib.gact_noise.argtypes = [ctypes.c_uint64, size, pointer, pointer]
     lib.gact_encode.restype = lib.gact_decode.restype = flag
     lib.gact_noise.restype = None
@@ -346,18 +395,24 @@ def quantize(flat: torch.Tensor, bits: int, group_size: int, *, state=None, key=
 
 
 def noise(key: torch.Tensor, first: int, count: int) -> torch.Tensor:
-    """The kernel's rounding noise for elements ``first`` .. ``first + count - 1`` (``count`` a multiple of 8)."""
+    """The kernel's rounding noise for elements ``first`` .. ``first + count - 1`` (both multiples of 16)."""
     out = torch.empty(count, dtype=torch.float32)
     library().gact_noise(first, count, key.contiguous().data_ptr(), out.data_ptr())
     return out
 
 
 def dequantize(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int) -> torch.Tensor:
-    """Decode a quantized CPU blob (``bits`` read from its length) into a 1-D tensor of ``dtype``."""
+    """Decode a quantized CPU blob (``bits`` read from its length) into a 1-D tensor of ``dtype``,
+    written in ``dtype`` directly (as torch would convert the float32 values)."""
     bits = fmt.bits_from_blob_nbytes(blob.numel())
-    out = torch.empty(numel, dtype=torch.float32)
     blob = blob.contiguous()
-    status = library().gact_decode(blob.data_ptr(), numel, group_size, out.data_ptr(), bits, float(torch.finfo(dtype).max))
+    dmax = float(torch.finfo(dtype).max)
+    out = torch.empty(numel, dtype=dtype)
+    status = library().gact_decode(blob.data_ptr(), numel, group_size, out.data_ptr(), bits, dmax, DTYPE_CODES[dtype])
+    if status == NO_HALF_STORE:
+        wide = torch.empty(numel, dtype=torch.float32)
+        status = library().gact_decode(blob.data_ptr(), numel, group_size, wide.data_ptr(), bits, dmax, 0)
+        out = wide.to(dtype)
     if status:
         raise ValueError(f"gact CPU codec: unsupported width {bits}")
-    return out if dtype == torch.float32 else out.to(dtype)
+    return out

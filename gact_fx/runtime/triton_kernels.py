@@ -50,11 +50,13 @@ def _call_key(key_ptr, FROM_STATE: tl.constexpr):
 
 @triton.jit
 def _uniform(k0, k1, offsets):
-    low = (offsets & 0xFFFFFFFF).to(tl.uint32)
-    high = (offsets >> 32).to(tl.uint32)
-    h = _fmix32((low * 0x9E3779B1) ^ k1)
-    h = _fmix32(h ^ k0 ^ high)
-    return (h >> 8).to(tl.float32) * (1.0 / 16777216.0)
+    """``runtime.noise.uniform``: one hash per pair of elements i, i + 8, 16 bits each."""
+    pair = (offsets >> 4) * 8 + (offsets & 7)
+    low = (pair & 0xFFFFFFFF).to(tl.uint32)
+    high = (pair >> 32).to(tl.uint32)
+    h = _fmix32((low * 0x9E3779B1) ^ k1 ^ (k0 * 0xC2B2AE35) ^ (high * 0x85EBCA6B))
+    half = (h >> ((offsets & 8) * 2).to(tl.uint32)) & 0xFFFF
+    return (half * 2 + 1).to(tl.float32) * (1.0 / 131072.0)
 
 
 @triton.jit

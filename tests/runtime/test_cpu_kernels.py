@@ -40,6 +40,18 @@ def test_blobs_and_decodes_are_bit_identical_to_the_reference(dtype, bits, numel
     assert same_decode(cpu_kernels.dequantize(blob, numel, dtype, group_size), dequantize_reference(blob, numel, dtype, group_size))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16_bit_decodes_round_ties_to_even_as_torch_converts(dtype):
+    # A float32 blob decoded as 16 bits: about 2**20 / 2**16 (bf16) and 2**20 / 2**13 (fp16)
+    # of the float32 values fall exactly halfway between two 16-bit values.
+    x = torch.randn(1 << 20, generator=torch.Generator().manual_seed(1)) * 1e3
+    blob = cpu_kernels.quantize(x, 8, 256, key=noise.key_of(1, 2))
+    wide = dequantize_reference(blob, x.numel(), torch.float32, 256)
+    low_bits = wide.view(torch.int32) & (0xFFFF if dtype == torch.bfloat16 else 0x1FFF)
+    assert (low_bits == (0x8000 if dtype == torch.bfloat16 else 0x1000)).sum() > 4  # ties present
+    assert torch.equal(cpu_kernels.dequantize(blob, x.numel(), dtype, 256), wide.to(dtype))
+
+
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("bits", [1, 2, 8])
 def test_special_values_nan_and_poisoned_groups_match_the_reference(dtype, bits):
@@ -72,10 +84,10 @@ def test_the_ops_use_the_codec_on_the_cpu_by_default(monkeypatch):
     assert kernels.implementation(x, 2) == "reference"
 
 
-@pytest.mark.parametrize("first", [0, 2**32 - 5, 2**32 - 8, 3 * 2**32 + 1])
+@pytest.mark.parametrize("first", [0, 2**32 - 16, 2**33 - 16, 2**33, 3 * 2**33 + 48])
 def test_the_noise_of_indices_past_two_to_the_32_matches_the_reference(first):
-    # The kernel hashes eight indices at a time in 32-bit lanes: one whose low word wraps
-    # inside the eight must carry into the high word, as the reference's int64 does.
+    # The kernel hashes pair indices (about half the element index) in 32-bit lanes, with
+    # the high word folded into the key: past 2**33 elements that word must take over.
     key = noise.key_of(0x1234567, 0x89ABCDE)
     index = torch.arange(first, first + 32, dtype=torch.int64)
     assert torch.equal(cpu_kernels.noise(key, first, 32), noise.uniform(key, index))
