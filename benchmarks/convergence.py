@@ -24,6 +24,7 @@ import torch
 from gact_fx.bench.metadata import metadata
 from gact_fx.bench.tasks import TASKS
 from gact_fx.bench.train import METHODS, TrainResult, largest_norm_ratio, train
+from gact_fx.dynamo_backend import resolve_compiler
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 
@@ -101,7 +102,7 @@ def main(argv=None):
         meta = dict(parts[0]["meta"], command=" and ".join(part["meta"]["command"] for part in parts))
         return write(results, task, stem, meta)
     RESULTS.mkdir(exist_ok=True)
-    meta = metadata("cpu") | {"compiler": "auto (eager on the CPU)", "threads": args.threads}
+    meta = metadata("cpu") | {"compiler": f"auto ({resolve_compiler('auto', ())} on the CPU)", "threads": args.threads}
     results = []
     for method in args.methods:
         def progress(result):

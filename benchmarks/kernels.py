@@ -9,7 +9,7 @@
 
     python benchmarks/kernels.py                 # on whatever device is there
     python benchmarks/kernels.py --device cuda --numel 67108864
-    python benchmarks/kernels.py --skip-steps --threads 2 --name kernels_cpu_threads2
+    python benchmarks/kernels.py --skip-steps --numel 33554432 --name kernels_cpu_large
 """
 
 from __future__ import annotations

@@ -23,8 +23,10 @@ HIGHER_IS_BETTER = {task.name: task.higher_is_better for task in TASKS.values()}
 
 
 def _meta(meta: dict) -> str:
+    """Where and how a section was measured, and the measurer's note on its conditions, if any."""
+    note = f"\n{meta['note']}\n" if meta.get("note") else ""
     return (f"*{meta.get('device', '?')}; torch {meta.get('torch', '?')}; {meta.get('date', '?')}; "
-            f"command: `{meta.get('command', '?')}`*\n")
+            f"command: `{meta.get('command', '?')}`*\n{note}")
 
 
 def _cell(value) -> str:
@@ -150,9 +152,19 @@ TABLE_FILES = {
     "cpu_peak_memory_base.json": ("Peak step memory on the CPU: the zoo's base size",
                                   "`benchmarks/cpu_peak_memory.py --layers 12 --sequence 512 --batch 16`: the zoo's base "
                                   "size (12 layers, hidden 768, batch 16 x 512 tokens), otherwise as above."),
-    "kernels.json": ("Kernels: quantize / dequantize bandwidth and step time", "Against a device-to-device copy of the same tensor."),
-    "kernels_cpu_threads2.json": ("Kernels on both CPU cores", "`benchmarks/kernels.py --skip-steps --threads 2`: the codec "
-                                  "and the copy it is measured against each run on two threads."),
+    "cpu_peak_memory_base_bert.json": ("Peak step memory on the CPU: every method on BERT at the zoo's base size",
+                                       "`benchmarks/cpu_peak_memory.py --models bert --layers 12 --sequence 512 "
+                                       "--batch 16 --steps 1 --name cpu_peak_memory_base_bert`."),
+    "kernels.json": ("Kernels: quantize / dequantize bandwidth and step time",
+                     "Against the faster of two copies of the same tensor on the same device: into a new tensor, and "
+                     "into a buffer allocated once."),
+    "kernels_cpu_large.json": ("Kernels on large CPU tensors", "`benchmarks/kernels.py --skip-steps --numel 33554432 "
+                               "--name kernels_cpu_large`: 32M elements, larger than the caches, as saved activations of "
+                               "base-size models are (BERT-base's attention probabilities at batch 16 x 512: 48M)."),
+    "kernels_cpu_large_thp.json": ("Kernels on large CPU tensors, with huge pages",
+                                   "`THP_MEM_ALLOC_ENABLE=1 benchmarks/kernels.py --skip-steps --numel 33554432 --name "
+                                   "kernels_cpu_large_thp`: as above, with torch's CPU allocator asking for transparent "
+                                   "huge pages, so that a fresh allocation faults once per 2 MB instead of once per 4 KB."),
     "gpu_suite.json": ("GPU suite", "`gact-fx bench --gpu-suite`: the GPU tests, the kernels against a device copy, and "
                        "three models against torch.compile."),
 }

@@ -73,6 +73,14 @@ def test_a_failed_measurement_is_a_table_row(tmp_path):
     assert "| checkpoint | failed: n/a: no checkpointing |" in text and "| torch.compile | 100 B | baseline |" in text
 
 
+def test_a_sections_note_on_its_conditions_is_printed_under_its_metadata(tmp_path):
+    meta = {"device": "CPU: x", "torch": "y", "date": "z", "command": "c", "note": "Taken while another job ran."}
+    (tmp_path / "kernels.json").write_text(json.dumps({"meta": meta, "markdown": "| a |"}))
+    (tmp_path / "suite.json").write_text(json.dumps({"meta": dict(meta, note=None), "rows": []}))
+    text = write_markdown(tmp_path, tmp_path / "B.md").read_text()
+    assert "command: `c`*\n\nTaken while another job ran.\n" in text and text.count("Taken while") == 1
+
+
 @pytest.mark.parametrize("device, says_no_gpu", [("CPU: some cpu, 2 cores", True), ("NVIDIA H100 80GB HBM3", False)])
 def test_the_report_says_when_nothing_ran_on_a_gpu(tmp_path, device, says_no_gpu):
     (tmp_path / "suite.json").write_text(json.dumps({"meta": {"device": device, "torch": "y", "date": "z", "command": "c"}, "rows": []}))
