@@ -71,7 +71,7 @@ def call_key(state: torch.Tensor) -> torch.Tensor:
 
 
 def uniform(key: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """Noise in [0, 1) for int64 element indices ``index`` under ``key`` (float32)."""
+    """Noise in (0, 1) for int64 element indices ``index`` under ``key`` (float32)."""
     k0, k1 = key[0], key[1]
     pair = (index >> 4) * 8 + (index & 7)
     h = fmix32(mul32(pair & MASK32, GOLDEN) ^ k1 ^ mul32(k0, _M2) ^ mul32(pair >> 32, _M1))
