@@ -137,16 +137,28 @@ void encode_group(const T* src, uint64_t base, int64_t g, int64_t group, int64_t
   const f8 infinity = splat(INFINITY), extreme = splat(dmax);
   f8 low8 = infinity, high8 = -infinity;
   i8 special_any = splat_i(0), special_all = splat_i(-1), nan_any = splat_i(0);
+  // First the common case: min, max and whether any element is NaN or special (|a| >= the
+  // dtype's max: infinite or the max itself); min and max skip NaN by their comparisons.
   for (int64_t j = 0; j < group; j += 8) {
     const f8 a = load8(src + j);
-    const f8 m = (f8)((i8)a & splat_i(0x7FFFFFFF));
-    const i8 special = (m == infinity) | (m == extreme);
-    special_any |= special;
-    special_all &= special;
+    special_any |= (f8)((i8)a & splat_i(0x7FFFFFFF)) >= extreme;
     nan_any |= a != a;
-    const f8 low = special ? infinity : a, high = special ? -infinity : a;
-    low8 = low < low8 ? low : low8;
-    high8 = high > high8 ? high : high8;
+    low8 = a < low8 ? a : low8;
+    high8 = a > high8 ? a : high8;
+  }
+  if (or_lanes((u8)special_any)) {  // rare: again, keeping special values out of min and max
+    low8 = infinity; high8 = -infinity;
+    for (int64_t j = 0; j < group; j += 8) {
+      const f8 a = load8(src + j);
+      const f8 m = (f8)((i8)a & splat_i(0x7FFFFFFF));
+      const i8 special = (m == infinity) | (m == extreme);
+      special_all &= special;
+      const f8 low = special ? infinity : a, high = special ? -infinity : a;
+      low8 = low < low8 ? low : low8;
+      high8 = high > high8 ? high : high8;
+    }
+  } else {
+    special_all = splat_i(0);
   }
   int any_special = 0, all_special = 1, any_nan = 0, kind_low = 4, kind_high = -1;
   float lo = INFINITY, hi = -INFINITY;
