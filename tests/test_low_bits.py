@@ -6,6 +6,10 @@ initialisation attention is nearly uniform and the problem does not show), a BER
 encoder and a Llama-like decoder. Without the floor on attention's query, key and
 logsumexp (``nonlinear_bits=1``) the warmed-up character LM's mean gradient is far
 from the floor: rounding those tensors biases ``exp`` in attention's backward.
+
+One tensor compressed alone shows a bias the whole model's variance hides at 16 draws:
+GELU's input, which its backward consumes through gelu'(x). That test is an expected
+failure until issue 15 makes the use linear or floors it.
 """
 
 import copy
@@ -80,6 +84,22 @@ def test_the_mean_gradient_reaches_the_averaging_floor(name, options):
 
 def test_without_the_attention_floor_the_warm_char_lm_is_biased():
     assert mean_over_floor("char-lm", {"bits": 2, "nonlinear_bits": 1}) > 2
+
+
+def one_tensor_at_2_bits(pattern: str) -> dict:
+    """Only the tensors named by ``pattern`` compressed (at 2 bits), every other one exact."""
+    return {"bits": 2, "overrides": {pattern: 2, "*": 32}}
+
+
+def test_a_layer_norm_input_alone_at_2_bits_is_unbiased():
+    # LayerNorm's backward consumes its input linearly once the statistics are fixed
+    assert mean_over_floor("char-lm", one_tensor_at_2_bits("*ln2:layer_norm")) <= 1.5
+
+
+@pytest.mark.xfail(strict=True, reason="issue 15: GELU's backward consumes its input through gelu'(x), which "
+                   "2-bit rounding biases (Jensen); the input is classed smooth and has no floor")
+def test_the_gelu_input_alone_at_2_bits_is_unbiased():
+    assert mean_over_floor("char-lm", one_tensor_at_2_bits("*fc1:linear")) <= 1.5
 
 
 class LossInside(torch.nn.Module):
