@@ -126,6 +126,10 @@ inline uint32_t or_lanes(u8 s) {  // in three shuffles: 10% faster than eight la
   return s[0];
 }
 
+// Which of eight values are special: infinite or +-the dtype's max, ``extreme`` (no finite
+// value of the dtype is larger, so one compare of the magnitude tells both).
+inline i8 special8(f8 a, f8 extreme) { return (f8)((i8)a & splat_i(0x7FFFFFFF)) >= extreme; }
+
 constexpr int64_t MAX_GROUP = 4096;  // the tail group's buffer
 
 // One group of ``group`` elements at ``src`` (element ``base`` of the tensor): two passes
@@ -136,49 +140,45 @@ void encode_group(const T* src, uint64_t base, int64_t g, int64_t group, int64_t
   constexpr int L = (1 << BITS) - 1;
   const f8 infinity = splat(INFINITY), extreme = splat(dmax);
   f8 low8 = infinity, high8 = -infinity;
-  i8 special_any = splat_i(0), special_all = splat_i(-1), nan_any = splat_i(0);
-  // First the common case: min, max and whether any element is NaN or special (|a| >= the
-  // dtype's max: infinite or the max itself); min and max skip NaN by their comparisons.
+  i8 special_any = splat_i(0), nan_any = splat_i(0);
+  // First the common case: min, max, and whether any element is NaN or special; min and
+  // max skip NaN by their comparisons.
   for (int64_t j = 0; j < group; j += 8) {
     const f8 a = load8(src + j);
-    special_any |= (f8)((i8)a & splat_i(0x7FFFFFFF)) >= extreme;
+    special_any |= special8(a, extreme);
     nan_any |= a != a;
     low8 = a < low8 ? a : low8;
     high8 = a > high8 ? a : high8;
   }
-  if (or_lanes((u8)special_any)) {  // rare: again, keeping special values out of min and max
+  // flagged: the group holds a special value, kept exactly under the top code
+  const bool flagged = or_lanes((u8)special_any) != 0, has_nan = or_lanes((u8)nan_any) != 0;
+  bool all_special = false;
+  int kind_low = 4, kind_high = -1;
+  if (flagged) {  // rare: again, keeping special values out of min and max
     low8 = infinity; high8 = -infinity;
+    i8 special_all = splat_i(-1);
     for (int64_t j = 0; j < group; j += 8) {
       const f8 a = load8(src + j);
-      const f8 m = (f8)((i8)a & splat_i(0x7FFFFFFF));
-      const i8 special = (m == infinity) | (m == extreme);
+      const i8 special = special8(a, extreme);
       special_all &= special;
       const f8 low = special ? infinity : a, high = special ? -infinity : a;
       low8 = low < low8 ? low : low8;
       high8 = high > high8 ? high : high8;
     }
-  } else {
-    special_all = splat_i(0);
-  }
-  int any_special = 0, all_special = 1, any_nan = 0, kind_low = 4, kind_high = -1;
-  float lo = INFINITY, hi = -INFINITY;
-  for (int k = 0; k < 8; ++k) {
-    any_special |= special_any[k] != 0;
-    all_special &= special_all[k] != 0;
-    any_nan |= nan_any[k] != 0;
-    lo = low8[k] < lo ? low8[k] : lo;
-    hi = high8[k] > hi ? high8[k] : hi;
-  }
-  if (any_special) {  // rare: which kinds of special value the group holds
-    for (int64_t j = 0; j < group; ++j) {
+    all_special = or_lanes(~(u8)special_all) == 0;
+    for (int64_t j = 0; j < group; ++j) {  // which kinds of special value the group holds
       const float a = load1(src + j), m = std::fabs(a);
-      if (m != INFINITY && m != dmax) continue;
+      if (!(m >= dmax)) continue;
       const int kind = (a > 0.0f ? 1 : 0) + (m == INFINITY ? 0 : 2);
       kind_low = std::min(kind_low, kind);
       kind_high = std::max(kind_high, kind);
     }
   }
-  const bool flagged = any_special, has_nan = any_nan;
+  float lo = INFINITY, hi = -INFINITY;
+  for (int k = 0; k < 8; ++k) {
+    lo = low8[k] < lo ? low8[k] : lo;
+    hi = high8[k] > hi ? high8[k] : hi;
+  }
   if (all_special) { lo = 0.0f; hi = 0.0f; }
   if (has_nan) { lo = NAN; hi = NAN; }
   const int top = L - (flagged ? 1 : 0);
@@ -218,10 +218,7 @@ void encode_group(const T* src, uint64_t base, int64_t g, int64_t group, int64_t
     t = t > zero ? t : zero;
     t = t < ceiling ? t : ceiling;
     i8 code = __builtin_convertvector(t, i8);
-    if (flagged) {  // only a group holding special values has elements to mark
-      const f8 m = (f8)((i8)a & splat_i(0x7FFFFFFF));
-      code = ((m == infinity) | (m == extreme)) ? splat_i(L) : code;
-    }
+    if (flagged) code = special8(a, extreme) ? splat_i(L) : code;  // only such a group has elements to mark
     if constexpr (BITS == 8) {
       const b8 bytes = __builtin_convertvector(code, b8);
       std::memcpy(codes + j, &bytes, 8);
