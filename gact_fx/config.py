@@ -108,8 +108,23 @@ class GactConfig:
     logsumexp, a log-softmax output), whose rounding noise would otherwise bias the
     gradient; 32 keeps them exact, 1 lifts the floor. Per-tensor ``overrides`` win."""
 
+    save_derivatives: bool = True
+    """Save the local derivative of an elementwise nonlinearity (GELU, SiLU) computed in
+    the forward from the exact input, instead of the input the backward would
+    differentiate after rounding (``passes.derivatives``); only where that adds no bytes.
+    False stores the input, which at 2 bits biases the gradient."""
+
+    recompute_attention: bool = True
+    """Give each fused attention backward whose inputs are stored lossy the output and
+    logsumexp recomputed from the stored query, key and value, so that they agree
+    (``passes.attention``): one attention forward more per layer in the backward, and
+    the logsumexp no longer saved. False passes the saved output, whose mismatch
+    with the rounded value multiplies the query and key gradients' error."""
+
     def __post_init__(self) -> None:
         _check_type("enabled", self.enabled, bool)
+        _check_type("save_derivatives", self.save_derivatives, bool)
+        _check_type("recompute_attention", self.recompute_attention, bool)
         _check_type("compress_inputs", self.compress_inputs, bool)
         _check_type("compress_outputs", self.compress_outputs, bool)
         _check_type("offload", self.offload, bool)

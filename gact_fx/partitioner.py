@@ -17,6 +17,8 @@ import torch.fx as fx
 
 from ._compat import partitioners
 from .config import GactConfig
+from .passes.attention import recompute_attention_outputs
+from .passes.derivatives import hoist_derivatives
 from .passes.hoist import hoist_comparisons, hoist_exponentials
 from .passes.memory import saved_bytes_timeline
 from .passes.offload import offload_blobs
@@ -36,8 +38,11 @@ def bits_chooser(config: GactConfig) -> BitsChooser:
 
     def choose(compression: Compression) -> tuple[int, str]:
         # Labels of graphs after the first carry a ``g<index>/`` prefix; a pattern may
-        # name the tensor with or without it.
+        # name the tensor with or without it. A value and its saved derivative
+        # (``fc1:linear'``, ``passes.derivatives``) share their patterns: the plan that
+        # decides whether the derivative is saved sees the value under its own name.
         names = {compression.label, _GRAPH_PREFIX.sub("", compression.label)}
+        names |= {name.removesuffix("'") for name in names} | {name.removesuffix("'") + "'" for name in names}
         for pattern, bits in config.overrides:
             # A name itself matches before its glob reading: ``qkv:linear[0]`` has brackets.
             if pattern in names or any(fnmatch.fnmatchcase(name, pattern) for name in names):
@@ -118,8 +123,11 @@ class GactPartitioner:
             label_prefix=f"g{self.graph_index}/" if self.graph_index else "",
             nonlinear_bits=self.config.nonlinear_bits,
         )
-        for hoist in (hoist_exponentials, hoist_comparisons) if self.config.enabled else ():
-            if hoist(fw, bw, saved, self._lossy_positions(bw, saved, options)):
+        rewrites = (hoist_exponentials, hoist_comparisons)
+        rewrites += (hoist_derivatives,) if self.config.save_derivatives else ()
+        rewrites += (recompute_attention_outputs,) if self.config.recompute_attention else ()
+        for rewrite in rewrites if self.config.enabled else ():
+            if rewrite(fw, bw, saved, self._lossy_positions(bw, saved, options)):
                 saved = find_saved(fw, bw, num_fwd_outputs, static_indices)
         plan = plan_compression(saved, options, allocate_slot=self.allocate_slot, uses=_uses(bw, saved))
         plan = assign_bits(plan, bits_chooser(self.config), estimate_bits=self.config.initial_bits)

@@ -120,3 +120,38 @@ def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
 def baseline_backend(compiler: str = "eager") -> gact_fx.GactBackend:
     """The same compile path with compression disabled."""
     return gact_fx.backend(enabled=False, compiler=compiler)
+
+
+def squared_loss_grad(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The exact gradient of ``model(x).pow(2).sum()``, on a copy of ``model``."""
+    model = copy.deepcopy(model)
+    model(x).pow(2).sum().backward()
+    return flat_grad(model)
+
+
+def one_gact_step(model: nn.Module, x: torch.Tensor, compiler: str = "eager", **options):
+    """One step of ``model(x).pow(2).sum()`` through gact, on a copy of ``model``: the
+    report's compressions and the gradient. Fails on a graph break."""
+    torch._dynamo.reset()
+    model = copy.deepcopy(model)
+    backend = gact_fx.backend(compiler=compiler, min_numel=0, **options)
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    torch.compile(model, backend=backend, fullgraph=True)(x).pow(2).sum().backward()
+    assert counters["stats"]["unique_graphs"] == 1
+    compressions = [c for record in backend.report().records for c in record.compressions]
+    return compressions, flat_grad(model)
+
+
+def gact_draws(model: nn.Module, x: torch.Tensor, draws: int, compiler: str = "eager", **options):
+    """Gradients of ``model(x).pow(2).sum()`` from ``draws`` steps through one gact
+    compile (fresh rounding noise in each), on a copy of ``model``."""
+    torch._dynamo.reset()
+    model = copy.deepcopy(model)
+    step = torch.compile(model, backend=gact_fx.backend(compiler=compiler, min_numel=0, **options))
+    grads = []
+    for _ in range(draws):
+        model.zero_grad(set_to_none=True)
+        step(x).pow(2).sum().backward()
+        grads.append(flat_grad(model))
+    return grads

@@ -32,6 +32,7 @@ import torch
 import torch.fx as fx
 
 from ..runtime.reference import FLOAT_DTYPES
+from .names import tensor_name
 from .plan import COMPRESSIBLE_KINDS
 from .saved import SavedGraph, output_node
 from .section import SavedSection, finish
@@ -50,7 +51,7 @@ def _is_comparison(node: fx.Node) -> bool:
     return node.target in COMPARISONS and isinstance(node.args[1], numbers.Number)
 
 
-def _saved_cone(target: fx.Node, saved_inputs: set[fx.Node]) -> list[fx.Node] | None:
+def saved_cone(target: fx.Node, saved_inputs: set[fx.Node]) -> list[fx.Node] | None:
     """The backward nodes ``target`` is computed from, if they use saved values only."""
     cone, stack = set(), [target]
     while stack:
@@ -74,7 +75,7 @@ def hoist_comparisons(
     exact values, it is right as it stands.
     """
     found = [n for n in bw.graph.nodes if _is_comparison(n)]
-    return _hoist(fw, bw, saved, quantized, found, "hoisted_mask")
+    return hoist_nodes(fw, bw, saved, quantized, found, "hoisted_mask")
 
 
 def hoist_exponentials(
@@ -82,21 +83,28 @@ def hoist_exponentials(
 ) -> int:
     """Rewrite in place; returns the number of exponentials moved to the forward
     (``quantized`` as for ``hoist_comparisons``)."""
-    return _hoist(fw, bw, saved, quantized, unbounded_exponentials(bw), "hoisted_exp")
+    return hoist_nodes(fw, bw, saved, quantized, unbounded_exponentials(bw), "hoisted_exp")
 
 
-def _hoist(fw, bw, saved: SavedGraph, quantized: Collection[int] | None, targets: list[fx.Node], role: str) -> int:
-    section = SavedSection(fw, bw, saved)
-    fw_value = {v.bw_placeholder: v.node for v in saved.values}
-    lossy = {
+def lossy_placeholders(saved: SavedGraph, quantized: Collection[int] | None) -> set[fx.Node]:
+    """The backward placeholders of the saved values that will be stored below full precision."""
+    return {
         v.bw_placeholder
         for v in saved.tensors
         if v.kind in COMPRESSIBLE_KINDS and v.val.dtype in FLOAT_DTYPES and (quantized is None or v.position in quantized)
     }
+
+
+def hoist_nodes(fw, bw, saved: SavedGraph, quantized: Collection[int] | None, targets: list[fx.Node], role: str) -> int:
+    """Move each target (with its cone, ``saved_cone``) into the forward and save its
+    result instead, if the cone reads a lossy saved value; returns how many moved."""
+    section = SavedSection(fw, bw, saved)
+    fw_value = {v.bw_placeholder: v.node for v in saved.values}
+    lossy = lossy_placeholders(saved, quantized)
     copies: dict[fx.Node, fx.Node] = dict(fw_value)  # backward node -> its forward counterpart
     hoisted = 0
     for target in targets:
-        cone = _saved_cone(target, set(fw_value))
+        cone = saved_cone(target, set(fw_value))
         if cone is None or not any(arg in lossy for node in cone for arg in node.all_input_nodes):
             continue
         # Right after the last forward node the cone reads (a saved value, or a node an
@@ -114,6 +122,9 @@ def _hoist(fw, bw, saved: SavedGraph, quantized: Collection[int] | None, targets
                     copies[node].meta.pop("autograd_backward", None)
         result = copies[target]
         result.meta["gact"] = {"role": role, "of": target.name}
+        if role == "hoisted_derivative":
+            read = next(copies[arg] for node in cone for arg in node.all_input_nodes if arg in lossy)
+            result.meta["gact"]["name"] = tensor_name(read) + "'"
         target.replace_all_uses_with(section.add_tensor(result))
         bw.graph.erase_node(target)
         hoisted += 1

@@ -43,7 +43,12 @@ def function_name(node: fx.Node) -> str:
 
 def tensor_name(node: fx.Node) -> str:
     """``module:function``; a view compressed on its own is named after the tensor it
-    views, with the index it selects: ``qkv:linear[1]`` for attention's key."""
+    views, with the index it selects: ``qkv:linear[1]`` for attention's key. A value gact
+    moved into the forward may carry its own name (``fc1:linear'``: the derivative of
+    the function applied to ``fc1``'s output, ``passes.derivatives``)."""
+    given = node.meta.get("gact", {}).get("name")
+    if given:
+        return given
     path = alias_path(node)
     if path.is_view:
         index = next((v.args[2] for v in reversed(path.chain) if v.target is aten.select.int), None)

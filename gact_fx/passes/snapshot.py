@@ -27,7 +27,7 @@ class NodeView:
     dtype: str | None
     nbytes: int
     inputs: tuple[str, ...]
-    role: str | None  # gact's meta["gact"]["role"]: quantize, dequantize, replay, blob, hoisted_mask, hoisted_exp
+    role: str | None  # gact's meta["gact"]["role"]: quantize, dequantize, replay, blob, hoisted_mask, hoisted_exp, hoisted_derivative
 
 
 @dataclass(frozen=True)

@@ -2,20 +2,24 @@
 
 Stochastic rounding keeps a saved tensor unbiased, so a gradient that is *linear* in it
 stays unbiased. A smooth nonlinearity (a product of the tensor with itself, LayerNorm's
-statistics, GELU, SiLU, tanh) adds a bias of the order of the rounding variance, which
-was measured harmless at 2 bits. An exponential or a singularity does not: attention's
-backward recomputes ``P = exp(q k^T / sqrt(d) - lse)`` from the saved query, key and
-logsumexp, and ``E[exp(x + noise)] = exp(x) E[exp(noise)]`` grows without bound as
-training sharpens the logits (gradients 1e6x off at 2 bits on a character LM). This
-pass finds such uses from the backward graph itself, so that the plan can keep those
-tensors at higher precision (``PlanOptions.nonlinear_bits``).
+statistics, GELU, SiLU, tanh) adds a bias of the order of the rounding variance: small,
+but it does not average out (GELU's input at 2 bits: 2.7x the averaging floor), so
+``passes.derivatives`` saves such factors instead where that costs no bytes. An
+exponential or a singularity is worse: attention's backward recomputes
+``P = exp(q k^T / sqrt(d) - lse)`` from the saved query, key and logsumexp, and
+``E[exp(x + noise)] = exp(x) E[exp(noise)]`` grows without bound as training sharpens
+the logits (gradients 1e6x off at 2 bits on a character LM). This pass finds such uses
+from the backward graph itself, so that the plan can keep those tensors at higher
+precision (``PlanOptions.nonlinear_bits``).
 
-``classify_uses`` walks the backward graph once, propagating for every node which saved
-values it depends on and how (``Use``). The rules:
+``dependences`` walks the backward graph once, propagating for every node which saved
+values it depends on and how (``Use``); ``classify_uses`` keeps each value's worst.
+The rules:
 
 * attention backward ops (every SDPA variant, found by their schema's argument names):
   ``query``, ``key``, ``logsumexp`` and an additive ``attn_bias``/``attn_mask`` are
-  exponential; ``value`` and ``out`` enter linearly;
+  exponential; ``value`` and ``out`` enter linearly; an attention forward recomputed in
+  the backward (``passes.attention``) likewise, its logsumexp independent of ``value``;
 * ``exp`` is exponential unless its argument is non-positive by construction (GELU's
   ``exp(-x*x/2)``) or it only feeds ``1 + exp(.)`` in a denominator (a sigmoid);
 * ``log``, ``reciprocal``, ``rsqrt``, ``sqrt``, a tensor divisor and a negative or
@@ -94,12 +98,16 @@ def _op_name(target) -> str:
     return name.split(".")[0]
 
 
-def _is_attention_backward(node: fx.Node) -> bool:
+def _is_attention(node: fx.Node, backward: bool) -> bool:
     schema = getattr(node.target, "_schema", None)
-    if schema is None or "attention" not in schema.name or "backward" not in schema.name:
+    if schema is None or "attention" not in schema.name or ("backward" in schema.name) != backward:
         return False
     names = {argument.name for argument in schema.arguments}
     return {"query", "key"} <= names
+
+
+def _is_attention_backward(node: fx.Node) -> bool:
+    return _is_attention(node, backward=True)
 
 
 def _bound_arguments(node: fx.Node) -> dict[str, object]:
@@ -200,8 +208,21 @@ def _merge(into: Deps, other: Deps, cap: tuple[Use, str] | None = None) -> None:
 
 def classify_uses(bw: fx.GraphModule, saved: list[fx.Node]) -> dict[fx.Node, UseClass]:
     """For each saved placeholder of ``bw``: how the gradients depend on it."""
-    deps: dict[fx.Node, Deps] = {node: {node: (Use.LINEAR, "")} for node in saved}
     worst: dict[fx.Node, tuple[Use, str]] = {node: (Use.NONE, "") for node in saved}
+    for node, result in dependences(bw, saved).items():
+        if node.op != "call_function":
+            continue
+        for root, found in result.items():
+            if found[0] > worst[root][0]:
+                worst[root] = found
+    return {node: UseClass(*worst[node]) for node in saved}
+
+
+def dependences(bw: fx.GraphModule, saved: list[fx.Node]) -> dict[fx.Node, Deps]:
+    """For each node of ``bw`` that depends on a saved placeholder: on which, and how
+    (the placeholders themselves included, each linear in itself)."""
+    deps: dict[fx.Node, Deps] = {node: {node: (Use.LINEAR, "")} for node in saved}
+    without_value: dict[fx.Node, Deps] = {}  # attention forward -> its deps but value's
     signs = _signs_of(bw)
     for node in bw.graph.nodes:
         if node.op != "call_function":
@@ -213,12 +234,18 @@ def classify_uses(bw: fx.GraphModule, saved: list[fx.Node]) -> dict[fx.Node, Use
         name = _op_name(node.target)
         if node.target in _COMPARISONS:
             continue  # a bool mask: exact once the mask pass has run
-        if _is_attention_backward(node):
+        if _is_attention_backward(node) or _is_attention(node, backward=False):
             for argument, value in _bound_arguments(node).items():
                 if isinstance(value, fx.Node) and deps.get(value):
                     exponential = argument in _ATTENTION_NONLINEAR
                     cap = (Use.EXPONENTIAL, f"{name} ({argument})") if exponential else None
                     _merge(result, deps[value], cap)
+                    if exponential:
+                        _merge(without_value.setdefault(node, {}), deps[value], cap)
+        elif node.target is operator.getitem and node.args[0] in without_value and node.args[1] != 0:
+            # an attention forward recomputed in the backward (``passes.attention``):
+            # its logsumexp does not depend on ``value``
+            _merge(result, without_value[node.args[0]])
         elif node.target in _EXPONENTIALS:
             (argument,) = node.args[:1]
             benign = argument in signs.nonpos or _divisor_of_sigmoid(node, signs)
@@ -254,7 +281,4 @@ def classify_uses(bw: fx.GraphModule, saved: list[fx.Node]) -> dict[fx.Node, Use
             for value in inputs:
                 _merge(result, deps[value], (Use.SMOOTH, f"{name} (no rule: treated as smooth)"))
         deps[node] = result
-        for root, found in result.items():
-            if found[0] > worst[root][0]:
-                worst[root] = found
-    return {node: UseClass(*worst[node]) for node in saved}
+    return deps

@@ -1,0 +1,68 @@
+"""Recomputing a fused attention's output and logsumexp in its backward (``passes.attention``)."""
+
+import pytest
+import torch
+from torch import nn
+
+from ..helpers import gact_draws, relative_error
+from ..helpers import one_gact_step as one_step
+from ..helpers import squared_loss_grad as exact_grad
+
+
+class Attention(nn.Module):
+    """Causal self-attention; ``sharpness`` scales the query and key weights, as training does."""
+
+    def __init__(self, dim=32, heads=2, sharpness=1.0):
+        super().__init__()
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.heads = heads
+        with torch.no_grad():
+            self.qkv.weight[: 2 * dim] *= sharpness
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+@pytest.fixture
+def x():
+    return torch.randn(8, 64, 32, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("compiler", ["eager", "inductor"])
+def test_the_logsumexp_is_no_longer_saved_and_value_stays_linear(x, compiler):
+    torch.manual_seed(0)
+    model = Attention()
+    on, grad = one_step(model, x, compiler, bits=8)
+    off, _ = one_step(model, x, compiler, bits=8, recompute_attention=False)
+    # off: q, k, the logsumexp (exponential), v, the output (linear); on: no logsumexp
+    assert sorted(c.use for c in off).count("exponential") == 3
+    assert [c.use for c in on].count("exponential") == 2
+    assert {c.label: c.use for c in on}["qkv:linear[2]"] == "linear"
+    assert sum(c.numel for c in on) == sum(c.numel for c in off) - x.shape[0] * 2 * x.shape[1]
+    assert relative_error(grad, exact_grad(model, x)) < 2e-2
+
+
+def test_nothing_changes_at_32_bits(x):
+    torch.manual_seed(0)
+    model = Attention()
+    on, grad = one_step(model, x, bits=32)
+    off, same = one_step(model, x, bits=32, recompute_attention=False)
+    assert [c.label for c in on] == [c.label for c in off]
+    _, baseline = one_step(model, x, enabled=False)
+    assert torch.equal(grad, baseline) and torch.equal(same, baseline)
+
+
+def test_a_consistent_output_lowers_the_error_of_sharp_attention_at_2_bits(x):
+    # value and output rounded apart break D = rowsum(grad_out * out); q and k multiply it
+    torch.manual_seed(0)
+    model = Attention(sharpness=3.0)
+    exact = exact_grad(model, x)
+
+    def mean_error(**options):
+        errors = [relative_error(g, exact) for g in gact_draws(model, x, 8, bits=2, **options)]
+        return sum(errors) / len(errors)
+
+    assert mean_error() < 0.8 * mean_error(recompute_attention=False)

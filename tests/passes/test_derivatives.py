@@ -1,0 +1,109 @@
+"""Saving an elementwise nonlinearity's derivative instead of its input (``passes.derivatives``)."""
+
+import pytest
+import torch
+from torch import nn
+
+from ..helpers import gact_draws
+from ..helpers import one_gact_step as compiled_step
+from ..helpers import relative_error
+from ..helpers import squared_loss_grad as exact_grad
+
+
+class MLP(nn.Module):
+    def __init__(self, activation):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(32, 128), nn.Linear(128, 32)
+        self.activation = activation
+
+    def forward(self, x):
+        return self.fc2(self.activation(self.fc1(x)))
+
+
+class GatedMLP(nn.Module):
+    """Llama's MLP: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate, self.up, self.down = nn.Linear(32, 128), nn.Linear(32, 128), nn.Linear(128, 32)
+
+    def forward(self, x):
+        return self.down(nn.functional.silu(self.gate(x)) * self.up(x))
+
+
+@pytest.fixture
+def x():
+    return torch.randn(256, 32, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("compiler", ["eager", "inductor"])
+def test_gelu_saves_its_derivative_and_no_more_elements(x, compiler):
+    torch.manual_seed(0)
+    model = MLP(nn.GELU())
+    on, grad = compiled_step(model, x, compiler, bits=8)
+    off, _ = compiled_step(model, x, compiler, bits=8, save_derivatives=False)
+    assert {c.label: c.use for c in off}["fc1:linear"] == "smooth"
+    labels = {c.label: c.use for c in on}
+    assert "fc1:linear" not in labels and labels["fc1:linear'"] == "linear"
+    assert sum(c.numel for c in on) == sum(c.numel for c in off)
+    assert relative_error(grad, exact_grad(model, x)) < 2e-2
+
+
+def test_silu_s_two_factors_become_one_tensor(x):
+    torch.manual_seed(0)
+    model = MLP(nn.SiLU())
+    on, grad = compiled_step(model, x, bits=8)
+    off, _ = compiled_step(model, x, bits=8, save_derivatives=False)
+    assert [c.label for c in on if c.label.endswith("'")] == ["fc1:linear'"]
+    assert sum(c.numel for c in on) == sum(c.numel for c in off)
+    assert all(c.use == "linear" for c in on)
+    assert relative_error(grad, exact_grad(model, x)) < 2e-2
+
+
+def test_a_gated_mlp_saves_both_of_its_factors_linearly(x):
+    torch.manual_seed(0)
+    model = GatedMLP()
+    on, grad = compiled_step(model, x, bits=8)
+    off, _ = compiled_step(model, x, bits=8, save_derivatives=False)
+    assert sum(c.numel for c in on) == sum(c.numel for c in off)
+    assert any(c.use != "linear" for c in off) and all(c.use == "linear" for c in on)
+    assert relative_error(grad, exact_grad(model, x)) < 2e-2
+
+
+def test_a_value_also_needed_linearly_stays_saved(x):
+    # tanh's backward reads its output y through 1 - y*y, but fc2 needs y itself: saving
+    # the factor too would add a tensor
+    torch.manual_seed(0)
+    on, _ = compiled_step(MLP(nn.Tanh()), x, bits=8)
+    assert not [c.label for c in on if c.label.endswith("'")]
+
+
+def test_nothing_moves_at_32_bits(x):
+    torch.manual_seed(0)
+    model = MLP(nn.GELU())
+    on, grad = compiled_step(model, x, bits=32)
+    assert not [c for c in on if c.label.endswith("'")]
+    off, same = compiled_step(model, x, enabled=False)
+    assert torch.equal(grad, same)
+
+
+def test_an_override_naming_the_input_applies_to_its_derivative(x):
+    torch.manual_seed(0)
+    on, _ = compiled_step(MLP(nn.GELU()), x, bits=2, overrides={"fc1:linear": 8})
+    assert {c.label: c.bits for c in on}["fc1:linear'"] == 8
+
+
+def test_the_mean_gradient_over_seeds_reaches_the_floor_at_2_bits(x):
+    # one compressed tensor, GELU's: without the pass the mean stays away from the floor
+    torch.manual_seed(0)
+    model = MLP(nn.GELU())
+    exact = exact_grad(model, x)
+    only_fc1 = {"bits": 2, "overrides": {"fc1:linear": 2, "*": 32}}
+
+    def mean_over_floor(**options):
+        draws = gact_draws(model, x, 64, **only_fc1, **options)
+        single = sum(relative_error(d, exact) for d in draws) / len(draws)
+        return relative_error(torch.stack(draws).mean(0), exact) / (single / len(draws) ** 0.5)
+
+    assert mean_over_floor() <= 1.5
+    assert mean_over_floor(save_derivatives=False) > 2
