@@ -66,3 +66,24 @@ def test_a_consistent_output_lowers_the_error_of_sharp_attention_at_2_bits(x):
         return sum(errors) / len(errors)
 
     assert mean_error() < 0.8 * mean_error(recompute_attention=False)
+
+
+@pytest.mark.parametrize("variant", ["flash_attention", "flash_attention_for_cpu", "efficient_attention",
+                                     "cudnn_attention", "fused_attention_overrideable"])
+def test_every_sdpa_backward_finds_its_forward_and_its_arguments(variant):
+    # the GPU variants cannot run here: check that the forward is called on the
+    # backward's own query, key, value, mask and flags, and asks for the logsumexp
+    from gact_fx.passes.attention import _forward_call, _forward_of
+
+    backward = getattr(torch.ops.aten, f"_scaled_dot_product_{variant}_backward").default
+    node = type("Node", (), {"target": backward})()
+    forward = _forward_of(node)
+    assert forward is getattr(torch.ops.aten, f"_scaled_dot_product_{variant}").default
+    bound = {a.name: f"<{a.name}>" for a in backward._schema.arguments}
+    args, kwargs = _forward_call(forward, bound)
+    called = dict(zip((a.name for a in forward._schema.arguments), args)) | kwargs
+    for name in ("query", "key", "value", "dropout_p", "is_causal", "scale"):
+        assert called[name] == f"<{name}>"
+    mask = {"attn_bias", "attn_mask"} & called.keys()
+    assert all(called[name] in ("<attn_bias>", "<attn_mask>") for name in mask)
+    assert called.get("compute_log_sumexp", True) is True and called.get("return_debug_mask", False) is False
