@@ -60,7 +60,8 @@ def train(task, method: str, options: dict | Method, *, steps: int, eval_every: 
     """``options``: gact options, or a ``bench.methods.Method`` (compiled with ``compiler``)."""
     if isinstance(options, Method):
         with options.patches():
-            return _train(task, method, options.backend(compiler), dict(options.gact or {}), steps, eval_every, seed, progress)
+            gact = dict(options.gact) if options.gact is not None else {"enabled": False}
+            return _train(task, method, options.backend(compiler), gact, steps, eval_every, seed, progress)
     return _train(task, method, gact_fx.backend(**options), dict(options), steps, eval_every, seed, progress)
 
 
@@ -92,7 +93,8 @@ def _train(task, method, backend, options, steps, eval_every, seed, progress) ->
             if progress is not None:
                 progress(result)
     result.seconds = time.perf_counter() - started
-    result.average_bits, result.activation_ratio = _bits_reached(backend.report())
+    if options.get("enabled", True):  # without gact (fp32, torch's fp8 pass) the report says nothing
+        result.average_bits, result.activation_ratio = _bits_reached(backend.report())
     return result
 
 

@@ -40,6 +40,9 @@ def test_the_quick_run_measures_every_model_and_method(quick_run):
 def test_the_quick_run_trains_and_reports(quick_run):
     accuracy = json.loads((quick_run / "accuracy.json").read_text())
     assert accuracy["results"] and all(r["curve"] and 0 <= r["curve"][-1][1] <= 1 for r in accuracy["results"])
+    by = {r["method"]: r for r in accuracy["results"]}  # bits and bytes only where gact ran
+    assert by["torch.compile"]["activation_ratio"] is None and by["torch.compile"]["average_bits"] is None
+    assert by["gact 8 bit"]["activation_ratio"] > 3 and by["gact 8 bit"]["average_bits"] == 8
     for figure in ("memory_vs_time.png", "accuracy_curves.png"):
         assert (quick_run / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = (quick_run / "BENCHMARKS.md").read_text()
