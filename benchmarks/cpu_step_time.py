@@ -6,6 +6,7 @@ in the same run. Prints a Markdown table (and writes JSON with --json).
     python benchmarks/cpu_step_time.py                     # all models, both compilers
     python benchmarks/cpu_step_time.py --models fashion-cnn char-gpt --compilers eager --bits 2
     python benchmarks/cpu_step_time.py --models block --compilers eager
+    python benchmarks/cpu_step_time.py --models char-gpt --bits 2 --feature-groups --name cpu_step_time_feature_groups
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ def main(argv=None):
     parser.add_argument("--bits", nargs="+", type=int, default=[8, 2])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--lowering", default="op", choices=("op", "aten"), help="gact's lowering (aten: Inductor only)")
+    parser.add_argument("--feature-groups", action="store_true", help="also measure each width with feature_groups=True")
+    parser.add_argument("--name", default="cpu_step_time", help="results file stem")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     rows = []
@@ -87,17 +90,21 @@ def main(argv=None):
             rows.append(dict(model=name, compiler=compiler, bits="off", compile_s=base_compile, step_ms=1e3 * base_step, ratio=1.0))
             print(f"{name} {compiler} off: {1e3 * base_step:.1f} ms", file=sys.stderr, flush=True)
             for bits in args.bits:
-                backend = gact_fx.backend(bits=bits, compiler=compiler, lowering=args.lowering)
-                compile_s, step = measure(model, inputs, backend, args.steps)
-                rows.append(dict(model=name, compiler=compiler, bits=bits, compile_s=compile_s, step_ms=1e3 * step, ratio=step / base_step))
-                print(f"{name} {compiler} {bits}b: {1e3 * step:.1f} ms", file=sys.stderr, flush=True)
+                for feature_groups in (False, True) if args.feature_groups else (False,):
+                    backend = gact_fx.backend(bits=bits, compiler=compiler, lowering=args.lowering,
+                                              feature_groups=feature_groups)
+                    label = f"{bits}, feature groups" if feature_groups else bits
+                    compile_s, step = measure(model, inputs, backend, args.steps)
+                    rows.append(dict(model=name, compiler=compiler, bits=label, compile_s=compile_s, step_ms=1e3 * step,
+                                     ratio=step / base_step))
+                    print(f"{name} {compiler} {label}: {1e3 * step:.1f} ms", file=sys.stderr, flush=True)
     lines = [f"One thread, median of {args.steps} steps; lowering {args.lowering}.\n",
              "| model | compiler | gact bits | first call (compile) s | step ms | step vs gact off |", "| --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         lines.append(f"| {r['model']} | {r['compiler']} | {r['bits']} | {r['compile_s']:.1f} | {r['step_ms']:.1f} | {r['ratio']:.2f}x |")
     lines += break_even(rows)
     print("\n".join(lines))
-    save_table("cpu_step_time", "\n".join(lines), rows=rows)
+    save_table(args.name, "\n".join(lines), rows=rows)
 
 
 def break_even(rows: list[dict]) -> list[str]:

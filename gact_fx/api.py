@@ -109,7 +109,7 @@ class _GatedCall:
             return
         handle.hooks = HookCompressor(
             self.model, registry=handle.backend.registry, bits=config.initial_bits, group_size=config.group_size,
-            min_numel=config.min_numel,
+            min_numel=config.min_numel, feature_groups=config.feature_groups,
         )
         log.warning(
             "gact: torch.compile captured no training graph of %s, so this step ran uncompressed; "

@@ -71,6 +71,12 @@ class GactConfig:
     group_size: int = 256
     """Elements sharing one fp32 min and scale; a multiple of 8."""
 
+    feature_groups: bool = False
+    """Form each group from ``group_size`` tokens of one feature (the tensor's innermost
+    dimension) instead of ``group_size`` contiguous elements, so that a feature with a
+    wide range does not set the scale of its neighbours; the backward gets the tensor
+    back in its own layout (one copy more)."""
+
     min_numel: int = 4096
     """Saved tensors with fewer elements stay in full precision (too small to matter)."""
 
@@ -128,6 +134,7 @@ class GactConfig:
         _check_type("compress_inputs", self.compress_inputs, bool)
         _check_type("compress_outputs", self.compress_outputs, bool)
         _check_type("offload", self.offload, bool)
+        _check_type("feature_groups", self.feature_groups, bool)
         for name in ("bits", "group_size", "min_numel", "adapt_interval", "probe_bits", "probe_tensors", "nonlinear_bits"):
             _check_type(name, getattr(self, name), int)
         fmt.check_bits(self.bits)

@@ -19,7 +19,9 @@ import torch
 
 from ._compat import version_counter
 from .measure import note_saved
+from .passes.plan import feature_order, layout_of
 from .runtime import ops as _ops  # noqa: F401  (registers torch.ops.gact)
+from .runtime.ops import inverse_permutation
 from .runtime.reference import FLOAT_DTYPES
 from .runtime.registry import SlotRegistry
 
@@ -29,16 +31,19 @@ class _Packed:
     blob: torch.Tensor
     shape: tuple[int, ...]
     dtype: torch.dtype
-    perm: tuple[int, ...]
+    perm: tuple[int, ...]  # the order the blob holds the elements in
+    dense_perm: tuple[int, ...] | None  # the tensor's own order, where ``perm`` differs from it
 
 
 class HookCompressor:
     """Packs saved tensors of a model's forward at ``bits`` (``with compressor.active(): loss = model(x)``)."""
 
     def __init__(
-        self, model: torch.nn.Module, *, registry: SlotRegistry, bits: int, group_size: int, min_numel: int
+        self, model: torch.nn.Module, *, registry: SlotRegistry, bits: int, group_size: int, min_numel: int,
+        feature_groups: bool = False,
     ) -> None:
         self.bits, self.group_size, self.min_numel = bits, group_size, min_numel
+        self.feature_groups = feature_groups
         self._model = model
         self._slot = registry.new_site().slot
 
@@ -60,19 +65,27 @@ class HookCompressor:
         key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
                tuple(tensor.stride()), tensor.dtype, version_counter(tensor))
         if key not in packed:
-            perm = tuple(sorted(range(tensor.dim()), key=lambda d: (-tensor.stride(d), d)))
+            layout = layout_of(tensor)
+            perm = layout.perm
+            if self.feature_groups and tensor.dtype != torch.bool:
+                perm = feature_order(layout, self.group_size)
             blob = torch.ops.gact.quantize(tensor.detach(), self.bits, self.group_size, list(perm), self._slot)
             note_saved(blob)
-            packed[key] = _Packed(blob, tuple(tensor.shape), tensor.dtype, perm)
+            dense_perm = None if perm == layout.perm else layout.perm
+            packed[key] = _Packed(blob, tuple(tensor.shape), tensor.dtype, perm, dense_perm)
             weakref.finalize(tensor, packed.pop, key, None)
         return packed[key]
 
     def _unpack(self, packed):
         if not isinstance(packed, _Packed):
             return packed
-        return torch.ops.gact.dequantize(
+        decoded = torch.ops.gact.dequantize(
             packed.blob, list(packed.shape), packed.dtype, self.group_size, list(packed.perm), self._slot
         )
+        if packed.dense_perm is None:
+            return decoded
+        dense = list(packed.dense_perm)
+        return decoded.permute(dense).contiguous().permute(inverse_permutation(dense))
 
     @contextlib.contextmanager
     def active(self):

@@ -122,6 +122,7 @@ class GactPartitioner:
             enabled=self.config.enabled,
             label_prefix=f"g{self.graph_index}/" if self.graph_index else "",
             nonlinear_bits=self.config.nonlinear_bits,
+            feature_groups=self.config.feature_groups,
         )
         rewrites = (hoist_exponentials, hoist_comparisons)
         rewrites += (hoist_derivatives,) if self.config.save_derivatives else ()

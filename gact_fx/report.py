@@ -51,6 +51,7 @@ class SavedTensorRow:
     group_size: int | None = None  # compressed rows
     use: str = ""  # how the backward consumes it: linear, smooth, exponential (``passes.uses``)
     bits_reason: str = ""  # why it has its bits
+    groups: str = ""  # compressed rows: "contiguous" elements or tokens of one "feature" per group
 
     @property
     def is_activation(self) -> bool:
@@ -79,6 +80,7 @@ class CompressionRecord:
     use_reason: str = ""
     floor: int = 1  # the fewest bits its use allows
     bits_reason: str = ""
+    groups: str = "contiguous"  # or "feature": tokens of one feature per group (``feature_groups``)
 
     @property
     def is_float(self) -> bool:
@@ -118,6 +120,7 @@ def _rows(index: int, saved: SavedGraph, plan: CompressionPlan) -> list[SavedTen
                     group_size=compression.group_size,
                     use=str(compression.use.use),
                     bits_reason=compression.bits_reason,
+                    groups=compression.groups,
                 )
             )
             continue
@@ -155,6 +158,7 @@ def _compression_records(plan: CompressionPlan) -> tuple[CompressionRecord, ...]
             use_reason=c.use.reason,
             floor=c.floor,
             bits_reason=c.bits_reason,
+            groups=c.groups,
         )
         for c in plan.compressions
     )

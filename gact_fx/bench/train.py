@@ -28,6 +28,9 @@ METHODS = {
     "L2 (adaptive 4)": {"level": "L2"},
     "L2.1 (adaptive 3)": {"level": "L2.1"},
     "L2.2 (adaptive 2)": {"level": "L2.2"},
+    "L1, feature groups": {"level": "L1", "feature_groups": True},
+    "L1.2, feature groups": {"level": "L1.2", "feature_groups": True},
+    "L2.2, feature groups": {"level": "L2.2", "feature_groups": True},
 }  # gact options by level, for benchmarks/convergence.py
 
 

@@ -69,6 +69,18 @@ def layout_of(val: torch.Tensor) -> Layout:
     return Layout(shape, perm, dense, overlapping)
 
 
+def feature_order(layout: Layout, group_size: int) -> tuple[int, ...]:
+    """The order that puts ``layout``'s innermost dimension (a linear layer's features)
+    outermost, so that each group holds ``group_size`` tokens of one feature instead of
+    the features of a few tokens; the layout's own order where that would not help
+    (one dimension, fewer than 8 features, or fewer tokens than a group)."""
+    inner = layout.perm[-1]
+    features = layout.shape[inner]
+    if len(layout.perm) < 2 or features < 8 or layout.numel // max(features, 1) < group_size:
+        return layout.perm
+    return (inner, *layout.perm[:-1])
+
+
 def nbytes_of(val: torch.Tensor) -> int:
     return layout_of(val).numel * val.element_size()
 
@@ -92,7 +104,7 @@ class Compression:
     members: tuple[Member, ...]
     bits: int  # 1 for bool (lossless); RUNTIME_BITS: read from the slot table at run time
     group_size: int
-    perm: tuple[int, ...]
+    perm: tuple[int, ...]  # the order its elements are encoded in: groups run along perm[-1]
     slot: int
     bytes_before: int  # full-precision bytes that saving kept alive (aliases once)
     bytes_after: int  # blob bytes
@@ -100,6 +112,7 @@ class Compression:
     use: UseClass = UseClass(Use.LINEAR, "")  # how the backward consumes it (the worst of its members)
     floor: int = 1  # the fewest bits its use allows (``PlanOptions.nonlinear_bits`` for exponential uses)
     bits_reason: str = ""  # why it has its bits (``assign_bits``)
+    dense_perm: tuple[int, ...] | None = None  # the source's own dense order, where ``perm`` differs from it
 
     @property
     def name(self) -> str:
@@ -108,6 +121,11 @@ class Compression:
     @property
     def is_float(self) -> bool:
         return self.source.meta["val"].dtype != torch.bool
+
+    @property
+    def groups(self) -> str:
+        """What a group holds: ``"contiguous"`` elements, or tokens of one ``"feature"``."""
+        return "contiguous" if self.dense_perm is None else "feature"
 
 
 @dataclass(frozen=True)
@@ -144,6 +162,7 @@ class PlanOptions:
     compress_outputs: bool = True
     label_prefix: str = ""  # e.g. "g1/" for the second graph of a model
     nonlinear_bits: int = 8  # at least this many bits where the backward uses a value exponentially
+    feature_groups: bool = False  # groups along the tokens of one feature (``feature_order``)
 
 
 # Chooses the bits of one (float) compression and says why: ``(bits, reason)``. A reason
@@ -190,6 +209,9 @@ class _Planner:
         if source.meta.get("gact", {}).get("role") in ("hoisted_mask", "hoisted_exp"):
             held = 0  # added by gact: not part of what the uncompressed graph saved
         layout = layout_of(val)
+        perm = layout.perm
+        if self.options.feature_groups and val.dtype != torch.bool:
+            perm = feature_order(layout, self.options.group_size)
         bits = 1 if val.dtype == torch.bool else self.options.bits
         after = hint(blob_nbytes(layout.numel, val.dtype, bits, self.options.group_size))
         use = self.use_of(value.position for value, _ in members)
@@ -200,7 +222,8 @@ class _Planner:
                 members=tuple(Member(value.position, chain) for value, chain in members),
                 bits=bits,
                 group_size=self.options.group_size,
-                perm=layout.perm,
+                perm=perm,
+                dense_perm=None if perm == layout.perm else layout.perm,
                 slot=self.allocate_slot(),
                 bytes_before=held,
                 bytes_after=after,

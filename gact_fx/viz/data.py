@@ -55,6 +55,7 @@ def graph_data(report: Report, record: GraphRecord, sensitivities: dict[int, flo
             "sensitivity": sensitivities.get(row.slot) if row.slot is not None else None,
             "use": row.use or None,
             "why": row.bits_reason or None,
+            "groups": row.groups or None,
         }
         for row in sorted(report.rows_of(record), key=lambda r: -r.bytes_before)  # what holds the memory first
     ]

@@ -196,7 +196,7 @@
       ["shape", node.shape ? "[" + node.shape.join(", ") + "]" : "-"], ["dtype", node.dtype || "-"], ["bytes", bytes(node.bytes)], ["gact role", node.role || "-"]];
     const row = graph && currentGraph().rows.find((r) => r.source === node.name || r.name === node.name);
     if (row) fields.push(["saved as", row.stored], ["bits", row.bits === null ? "-" : row.bits],
-      ["backward use", row.use || "-"], ["why these bits", row.why || "-"],
+      ["backward use", row.use || "-"], ["why these bits", row.why || "-"], ["groups", row.groups || "-"],
       ["sensitivity", row.sensitivity === null ? "-" : Number(row.sensitivity).toPrecision(3)],
       ["bytes before / after", bytes(row.before) + " / " + bytes(row.after)]);
     const list = make("dl", { id: "node-details" }, details);
