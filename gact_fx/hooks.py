@@ -19,7 +19,7 @@ import torch
 
 from ._compat import version_counter
 from .measure import note_saved
-from .passes.plan import feature_order, layout_of
+from .passes.plan import encoding_order, layout_of
 from .runtime import ops as _ops  # noqa: F401  (registers torch.ops.gact)
 from .runtime.ops import inverse_permutation
 from .runtime.reference import FLOAT_DTYPES
@@ -66,9 +66,7 @@ class HookCompressor:
                tuple(tensor.stride()), tensor.dtype, version_counter(tensor))
         if key not in packed:
             layout = layout_of(tensor)
-            perm = layout.perm
-            if self.feature_groups and tensor.dtype != torch.bool:
-                perm = feature_order(layout, self.group_size)
+            perm = encoding_order(layout, tensor.dtype, self.group_size, self.feature_groups)
             blob = torch.ops.gact.quantize(tensor.detach(), self.bits, self.group_size, list(perm), self._slot)
             note_saved(blob)
             dense_perm = None if perm == layout.perm else layout.perm

@@ -73,12 +73,22 @@ def feature_order(layout: Layout, group_size: int) -> tuple[int, ...]:
     """The order that puts ``layout``'s innermost dimension (a linear layer's features)
     outermost, so that each group holds ``group_size`` tokens of one feature instead of
     the features of a few tokens; the layout's own order where that would not help
-    (one dimension, fewer than 8 features, or fewer tokens than a group)."""
+    (fewer than two dimensions, fewer than 8 features, or fewer tokens than a group)."""
+    if len(layout.perm) < 2:
+        return layout.perm
     inner = layout.perm[-1]
     features = layout.shape[inner]
-    if len(layout.perm) < 2 or features < 8 or layout.numel // max(features, 1) < group_size:
+    if features < 8 or layout.numel // features < group_size:
         return layout.perm
     return (inner, *layout.perm[:-1])
+
+
+def encoding_order(layout: Layout, dtype: torch.dtype, group_size: int, feature_groups: bool) -> tuple[int, ...]:
+    """The order a tensor's elements are encoded in: its own, or with ``feature_groups``
+    the ``feature_order`` (bool masks are lossless: their order does not matter)."""
+    if feature_groups and dtype != torch.bool:
+        return feature_order(layout, group_size)
+    return layout.perm
 
 
 def nbytes_of(val: torch.Tensor) -> int:
@@ -209,9 +219,7 @@ class _Planner:
         if source.meta.get("gact", {}).get("role") in ("hoisted_mask", "hoisted_exp"):
             held = 0  # added by gact: not part of what the uncompressed graph saved
         layout = layout_of(val)
-        perm = layout.perm
-        if self.options.feature_groups and val.dtype != torch.bool:
-            perm = feature_order(layout, self.options.group_size)
+        perm = encoding_order(layout, val.dtype, self.options.group_size, self.options.feature_groups)
         bits = 1 if val.dtype == torch.bool else self.options.bits
         after = hint(blob_nbytes(layout.numel, val.dtype, bits, self.options.group_size))
         use = self.use_of(value.position for value, _ in members)

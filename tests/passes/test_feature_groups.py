@@ -24,7 +24,7 @@ def test_the_innermost_dimension_goes_outermost():
     assert feature_order(layout((4, 64, 128), (0, 2, 1)), 256) == (1, 0, 2)  # a transposed tensor's own order
 
 
-@pytest.mark.parametrize("shape", [(4096,), (4, 64, 4), (2, 64, 64)], ids=["one dim", "4 features", "128 tokens"])
+@pytest.mark.parametrize("shape", [(), (4096,), (4, 64, 4), (2, 64, 64)], ids=["no dim", "one dim", "4 features", "128 tokens"])
 def test_the_order_is_kept_where_feature_groups_would_not_help(shape):
     assert feature_order(layout(shape, range(len(shape))), 256) == tuple(range(len(shape)))
 
