@@ -21,7 +21,6 @@ from ._compat import version_counter
 from .measure import note_saved
 from .passes.plan import encoding_order, layout_of
 from .runtime import ops as _ops  # noqa: F401  (registers torch.ops.gact)
-from .runtime.ops import inverse_permutation
 from .runtime.reference import FLOAT_DTYPES
 from .runtime.registry import SlotRegistry
 
@@ -77,13 +76,10 @@ class HookCompressor:
     def _unpack(self, packed):
         if not isinstance(packed, _Packed):
             return packed
-        decoded = torch.ops.gact.dequantize(
-            packed.blob, list(packed.shape), packed.dtype, self.group_size, list(packed.perm), self._slot
+        layout = None if packed.dense_perm is None else list(packed.dense_perm)
+        return torch.ops.gact.dequantize(
+            packed.blob, list(packed.shape), packed.dtype, self.group_size, list(packed.perm), self._slot, layout
         )
-        if packed.dense_perm is None:
-            return decoded
-        dense = list(packed.dense_perm)
-        return decoded.permute(dense).contiguous().permute(inverse_permutation(dense))
 
     @contextlib.contextmanager
     def active(self):

@@ -53,13 +53,13 @@ def _encoder(perm, bits, group_size):
     return encode
 
 
-def _decoder(shape, dtype, group_size, perm, bits):
+def _decoder(shape, dtype, group_size, perm, bits, layout):
     """``decode(blob, *symbolic sizes)``: the static sizes of ``shape`` are baked in."""
 
     def decode(blob, *sizes):
         given = iter(sizes)
         full = [next(given) if isinstance(s, fx.Node) else s for s in shape]
-        return aten_codec.decode(blob, full, dtype, group_size, perm, bits)
+        return aten_codec.decode(blob, full, dtype, group_size, perm, bits, layout)
 
     return decode
 
@@ -95,11 +95,12 @@ def _lower_quantizes(fw: fx.GraphModule, bw: fx.GraphModule, fake_mode, decompos
 
 def _lower_dequantizes(bw: fx.GraphModule, fake_mode, decompositions) -> None:
     for node in bw.graph.find_nodes(op="call_function", target=DEQUANTIZE):
-        blob, shape, dtype, group_size, perm, _ = node.args
+        blob, shape, dtype, group_size, perm, _, *layout = node.args
         bits = blob.meta["gact"]["bits"]
         symbolic = [s for s in shape if isinstance(s, fx.Node)]
         values = [blob.meta["val"], *(s.meta["val"] for s in symbolic)]
-        traced = trace_with_fake_values(_decoder(shape, dtype, group_size, perm, bits), values, fake_mode, decompositions)
+        decoder = _decoder(shape, dtype, group_size, perm, bits, layout[0] if layout else None)
+        traced = trace_with_fake_values(decoder, values, fake_mode, decompositions)
         decoded = _inline(bw.graph, traced, [blob, *symbolic], node, "dequantize")
         decoded.meta["gact"] = dict(node.meta["gact"])
         node.replace_all_uses_with(decoded)

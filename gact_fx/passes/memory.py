@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 import torch.fx as fx
 
 from .plan import COMPRESSIBLE_KINDS, nbytes_of, node_nbytes
@@ -62,7 +61,7 @@ def saved_bytes_timeline(fw: fx.GraphModule, bw: fx.GraphModule, saved: SavedGra
     backward_start = sum(root_bytes.values())
     for node in bw_nodes:  # decoded activations live from their decode to their last use
         role = node.meta.get("gact", {}).get("role")
-        if role == "dequantize" or (role == "restore_layout" and node.target is torch.ops.aten.clone.default):
+        if role == "dequantize":
             size = nbytes_of(node.meta["val"])
             ends[bw_order[node]] += size
             ends[_last_use(node, bw_order) + 1] -= size

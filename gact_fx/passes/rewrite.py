@@ -2,8 +2,8 @@
 
 Forward: ``gact::quantize`` right after each source's producer; its blob is saved where
 the first member was, and the other members are no longer saved. Backward: one blob
-placeholder, ``gact::dequantize`` just before the first use (with feature groups, a
-copy back to the source's own layout after it), and every member rebuilt
+placeholder, ``gact::dequantize`` just before the first use (with feature groups, told
+to decode into the source's own layout), and every member rebuilt
 by replaying its view chain on the decoded tensor. Dynamic sizes and symbolic view
 arguments the backward now needs become saved SymInts (``SavedSection``). New nodes
 get ``meta["val"]`` and a ``meta["gact"]`` record; both graphs end linted.
@@ -24,12 +24,10 @@ from .._compat import (
 )
 from ..runtime import ops as _ops  # noqa: F401  (registers torch.ops.gact)
 from ..runtime.format import RUNTIME_BITS
-from ..runtime.ops import inverse_permutation
 from .plan import Compression, CompressionPlan
 from .saved import SavedGraph, output_node
 from .section import SavedSection, finish, set_val
 
-aten = torch.ops.aten
 QUANTIZE = torch.ops.gact.quantize.default
 DEQUANTIZE = torch.ops.gact.dequantize.default
 
@@ -76,14 +74,14 @@ def _compress(section: SavedSection, compression: Compression, fake_mode) -> Non
     val = source.meta["val"]
     shape = [section.size(source, dim, blob) for dim in range(val.dim())]
     args = (blob_in, shape, val.dtype, compression.group_size, list(compression.perm), compression.slot)
+    if compression.dense_perm is not None:  # decoded in the source's own layout, which the backward was traced with
+        args = (*args, list(compression.dense_perm))
     with bw.graph.inserting_before(_first_user(bw, old)):
         decoded = bw.graph.call_function(DEQUANTIZE, args, name=f"gact_decoded_{source.name}")
         with fake_mode:
             symbolic = [s if isinstance(s, int) else s.meta["val"] for s in shape]
             set_val(decoded, DEQUANTIZE(blob.meta["val"], symbolic, *args[2:]))
         decoded.meta["gact"] = {"role": "dequantize", "source": source.name, "bits": compression.bits}
-        if compression.dense_perm is not None:
-            decoded = _restore_layout(bw, decoded, compression.dense_perm, fake_mode, source.name)
         env = {source: decoded}
         for member, placeholder in zip(compression.members, old):
             for view in member.chain:
@@ -91,25 +89,6 @@ def _compress(section: SavedSection, compression: Compression, fake_mode) -> Non
                     env[view] = bw.graph.node_copy(view, lambda n: env[n] if n in env else section.symint(n))
                     env[view].meta["gact"] = {"role": "replay", "source": source.name}
             placeholder.replace_all_uses_with(env[member.chain[-1]] if member.chain else decoded)
-
-
-def _restore_layout(bw: fx.GraphModule, decoded: fx.Node, dense_perm, fake_mode, source: str) -> fx.Node:
-    """A copy of ``decoded`` compact in ``dense_perm``, the order the backward was traced
-    with (its views may depend on it), inserted after ``decoded``."""
-    inverse = inverse_permutation(dense_perm)
-    steps = (
-        (aten.permute.default, (list(dense_perm),), {}),
-        (aten.clone.default, (), {"memory_format": torch.contiguous_format}),
-        (aten.permute.default, (inverse,), {}),
-    )
-    node = decoded
-    for op, args, kwargs in steps:
-        with bw.graph.inserting_after(node):
-            node = bw.graph.call_function(op, (node, *args), kwargs)
-        with fake_mode:
-            set_val(node, op(node.args[0].meta["val"], *args, **kwargs))
-        node.meta["gact"] = {"role": "restore_layout", "source": source}
-    return node
 
 
 def apply_plan(fw: fx.GraphModule, bw: fx.GraphModule, saved: SavedGraph, plan: CompressionPlan) -> None:

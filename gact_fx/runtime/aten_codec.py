@@ -19,7 +19,7 @@ import torch
 
 from . import format as fmt
 from .noise import rounding_noise
-from .ops import inverse_permutation
+from .layout import arrange
 from .reference import decode_bool, decode_groups, decode_raw, encode_groups, quantize_reference
 
 
@@ -31,7 +31,8 @@ def encode(x: torch.Tensor, perm: Sequence[int], bits: int, group_size: int, key
     return encode_groups(flat, bits, group_size, noise)
 
 
-def decode(blob, shape: Sequence, dtype: torch.dtype, group_size: int, perm: Sequence[int], bits: int) -> torch.Tensor:
+def decode(blob, shape: Sequence, dtype: torch.dtype, group_size: int, perm: Sequence[int], bits: int,
+           layout: Sequence[int] | None = None) -> torch.Tensor:
     numel = math.prod(shape)
     if dtype == torch.bool:
         flat = decode_bool(blob, numel)
@@ -39,4 +40,4 @@ def decode(blob, shape: Sequence, dtype: torch.dtype, group_size: int, perm: Seq
         flat = decode_raw(blob, numel, dtype)
     else:
         flat = decode_groups(blob, numel, dtype, group_size, bits)
-    return flat.view([shape[dim] for dim in perm]).permute(inverse_permutation(perm))
+    return arrange(flat, shape, perm, layout)

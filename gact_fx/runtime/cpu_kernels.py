@@ -7,7 +7,10 @@ and its temporaries raised the peak memory. This kernel does, per group of
 ``group_size`` elements held in the L1 cache: min, max, special values and NaN; the
 scale; the noise (``runtime.noise``'s hash, one vector of hashes serving two vectors of
 elements), the rounding and the packing, eight lanes at a time in GCC/Clang vector types;
-decode is one pass too. Groups run in parallel under OpenMP,
+decode is one pass too. For ``feature_groups`` a second pair of kernels takes a row-major
+[tokens, features] matrix and writes the blob of its transpose (each group one feature's
+tokens, eight groups in eight lanes), and decodes back into the matrix: no transposed
+copy either way. Groups run in parallel under OpenMP,
 which follows ``torch.set_num_threads``. (Inductor compiles with
 ``-fno-tree-loop-vectorize``: loops left to the auto-vectoriser ran 4x slower.)
 
@@ -132,6 +135,29 @@ inline i8 special8(f8 a, f8 extreme) { return (f8)((i8)a & splat_i(0x7FFFFFFF)) 
 
 constexpr int64_t MAX_GROUP = 4096;  // the tail group's buffer
 
+// What a group stores and encodes with, from its statistics: min and max (special values
+// left out), whether it holds NaN, special values, only special values, and their kinds.
+struct GroupWords {
+  float lo, used, scale_word;  // scale_word: the scale as stored (negated when flagged, NaN when poisoned)
+  int top;                     // the largest code of an ordinary value
+  bool poison;
+};
+
+inline GroupWords group_words(int L, float lo, float hi, bool flagged, bool has_nan, bool all_special, int kind_low,
+                              int kind_high, float scale_max) {
+  if (all_special) { lo = 0.0f; hi = 0.0f; }
+  if (has_nan) { lo = NAN; hi = NAN; }
+  const int top = L - (flagged ? 1 : 0);
+  const float half = hi * 0.5f - lo * 0.5f;
+  float scale = half / ((float)std::max(top, 1) * 0.5f);
+  if (scale > scale_max) scale = scale_max;
+  if (!(scale > 0.0f)) scale = 1.0f;
+  const uint32_t rounded = ((bits_of(scale) + 3u) & ~3u) | (uint32_t)std::min(std::max(kind_low, 0), 3);
+  const float used = flagged ? float_of(rounded) : scale;
+  const bool poison = has_nan || (flagged && kind_low != kind_high) || (flagged && top == 0 && hi > lo);
+  return GroupWords{lo, used, poison ? NAN : (flagged ? -used : used), top, poison};
+}
+
 // One group of ``group`` elements at ``src`` (element ``base`` of the tensor): two passes
 // from the L1 cache, the statistics, then noise, rounding and packing eight lanes at a time.
 template <int BITS, typename T>
@@ -179,19 +205,14 @@ void encode_group(const T* src, uint64_t base, int64_t g, int64_t group, int64_t
     lo = low8[k] < lo ? low8[k] : lo;
     hi = high8[k] > hi ? high8[k] : hi;
   }
-  if (all_special) { lo = 0.0f; hi = 0.0f; }
-  if (has_nan) { lo = NAN; hi = NAN; }
-  const int top = L - (flagged ? 1 : 0);
-  const float half = hi * 0.5f - lo * 0.5f;
-  float scale = half / ((float)std::max(top, 1) * 0.5f);
-  if (scale > scale_max) scale = scale_max;
-  if (!(scale > 0.0f)) scale = 1.0f;
-  const uint32_t rounded = ((bits_of(scale) + 3u) & ~3u) | (uint32_t)std::min(std::max(kind_low, 0), 3);
-  const float used = flagged ? float_of(rounded) : scale;
-  const bool poison = has_nan || (flagged && kind_low != kind_high) || (flagged && top == 0 && hi > lo);
+  const GroupWords stored = group_words(L, lo, hi, flagged, has_nan, all_special, kind_low, kind_high, scale_max);
+  const int top = stored.top;
+  const float used = stored.used;
+  lo = stored.lo;
   float* words = reinterpret_cast<float*>(blob);
-  words[g] = poison ? NAN : (flagged ? -used : used);
+  words[g] = stored.scale_word;
   words[groups + g] = lo;
+  const bool poison = stored.poison;
   uint8_t* codes = blob + 8 * groups + g * (group * BITS / 8);
   if (poison) {
     std::memset(codes, 0, group * BITS / 8);
@@ -326,6 +347,224 @@ int encode_typed(const T* x, int64_t numel, int64_t group, uint8_t* blob, uint32
   return 1;
 }
 
+// ---- Feature-major order: a row-major [N tokens, C features] matrix whose blob takes the
+// transpose (element c * N + t is token t of feature c), as ``feature_groups`` asks. With N a
+// multiple of the group, each group is ``group`` tokens of one feature, so a block of eight
+// features and ``group`` tokens is eight groups, one per lane: one load of eight features per
+// token, no horizontal reduction, and each lane packs its own 32-bit words. The same float
+// operations as encode_group, so the blob is the one of the transposed copy, bit for bit.
+
+template <int BITS, typename T>
+void encode_block(const T* x, int64_t N, int64_t C, int64_t t0, int64_t c0, int64_t group, int64_t groups,
+                  uint8_t* blob, uint32_t key, float dmax, float scale_max) {
+  constexpr int L = (1 << BITS) - 1;
+  constexpr int W = 32 / BITS;  // tokens per 32-bit word of a lane
+  const f8 infinity = splat(INFINITY), extreme = splat(dmax);
+  const T* src = x + t0 * C + c0;
+  f8 low8 = infinity, high8 = -infinity;
+  i8 special_any = splat_i(0), nan_any = splat_i(0), special_all = splat_i(0);
+  for (int64_t j = 0; j < group; ++j) {
+    const f8 a = load8(src + j * C);
+    special_any |= special8(a, extreme);
+    nan_any |= a != a;
+    low8 = a < low8 ? a : low8;
+    high8 = a > high8 ? a : high8;
+  }
+  const bool any_flagged = or_lanes((u8)special_any) != 0;
+  int kind_low[8], kind_high[8];
+  for (int l = 0; l < 8; ++l) { kind_low[l] = 4; kind_high[l] = -1; }
+  if (any_flagged) {  // rare: again, keeping special values out of min and max
+    low8 = infinity; high8 = -infinity; special_all = splat_i(-1);
+    for (int64_t j = 0; j < group; ++j) {
+      const f8 a = load8(src + j * C);
+      const i8 special = special8(a, extreme);
+      special_all &= special;
+      const f8 low = special ? infinity : a, high = special ? -infinity : a;
+      low8 = low < low8 ? low : low8;
+      high8 = high > high8 ? high : high8;
+    }
+    for (int64_t j = 0; j < group; ++j) {
+      for (int l = 0; l < 8; ++l) {
+        const float a = load1(src + j * C + l), m = std::fabs(a);
+        if (!(m >= dmax)) continue;
+        const int kind = (a > 0.0f ? 1 : 0) + (m == INFINITY ? 0 : 2);
+        kind_low[l] = std::min(kind_low[l], kind);
+        kind_high[l] = std::max(kind_high[l], kind);
+      }
+    }
+  }
+  float* words = reinterpret_cast<float*>(blob);
+  const int64_t group_bytes = group * BITS / 8;
+  f8 lo_half, used_half, ceiling;
+  uint8_t* codes[8];
+  bool poison[8];
+  for (int l = 0; l < 8; ++l) {  // each lane's group words, as encode_group writes them
+    const int64_t g = (c0 + l) * (N / group) + t0 / group;
+    const bool flagged = special_any[l] != 0, has_nan = nan_any[l] != 0, all_special = special_all[l] != 0;
+    const GroupWords stored = group_words(L, low8[l], high8[l], flagged, has_nan, all_special, kind_low[l],
+                                          kind_high[l], scale_max);
+    poison[l] = stored.poison;
+    words[g] = stored.scale_word;
+    words[groups + g] = stored.lo;
+    codes[l] = blob + 8 * groups + g * group_bytes;
+    lo_half[l] = stored.lo * 0.5f;
+    used_half[l] = stored.used * 0.5f;
+    ceiling[l] = (float)stored.top;
+  }
+
+  const f8 zero = splat(0.0f);
+  u8 word8 = splat_u(0);
+  for (int64_t j = 0; j < group; j += 16) {
+    // runtime.noise's pair hashes of tokens j..j+15 of the eight features: element
+    // (c0 + l) * N + t0 + j + k, a multiple of 16 plus k, so hash k & 7, half k & 8
+    u8 low, high;
+    for (int l = 0; l < 8; ++l) {
+      const uint64_t pair = (((uint64_t)(c0 + l) * (uint64_t)N + (uint64_t)(t0 + j)) >> 4) * 8;
+      low[l] = (uint32_t)pair;
+      high[l] = key ^ ((uint32_t)(pair >> 32) * M1);
+    }
+    u8 hashes[8];
+    for (int k = 0; k < 8; ++k) hashes[k] = fmix32(((low + splat_u((uint32_t)k)) * splat_u(GOLDEN)) ^ high);
+    for (int k = 0; k < 16; ++k) {
+      const int64_t t = j + k;
+      const f8 a = load8(src + t * C);
+      const f8 u = uniforms(hashes[k & 7], k & 8);
+      f8 v = (a * 0.5f - lo_half) / used_half + u;
+      v = v > zero ? v : zero;
+      v = v < ceiling ? v : ceiling;
+      i8 code = __builtin_convertvector(v, i8);
+      if (any_flagged) code = special8(a, extreme) ? splat_i(L) : code;
+      word8 |= (u8)code << splat_u((uint32_t)((t % W) * BITS));
+      if ((t + 1) % W == 0 || t + 1 == group) {
+        const int64_t first = t - t % W, nbytes = (t + 1 - first) * BITS / 8;
+        for (int l = 0; l < 8; ++l) {
+          const uint32_t word = word8[l];
+          if (nbytes == 4) std::memcpy(codes[l] + first * BITS / 8, &word, 4);  // a constant size: inlined
+          else std::memcpy(codes[l] + first * BITS / 8, &word, nbytes);
+        }
+        word8 = splat_u(0);
+      }
+    }
+  }
+  for (int l = 0; l < 8; ++l)
+    if (poison[l]) std::memset(codes[l], 0, group_bytes);
+}
+
+// Up to SEGMENT vectors of eight features (v0 ..) of tokens t0 .. t0 + group - 1. Row by row, so
+// the stores stay within a few rows at a time: eight features per row and 256 rows in flight,
+// at a row stride of 4 KiB, thrashed one cache set.
+constexpr int SEGMENT = 8;
+constexpr int64_t LOCAL_CODES = 16384;  // bytes: a segment of 64 groups of 256 at 8 bits
+
+template <int BITS, typename T>
+void decode_block(const uint8_t* blob, int64_t N, int64_t C, int64_t t0, int64_t v0, int vectors, int64_t group,
+                  int64_t groups, T* out, float dmax) {
+  constexpr uint32_t L = (1u << BITS) - 1;
+  constexpr int W = 32 / BITS;
+  const float* words = reinterpret_cast<const float*>(blob);
+  const int64_t group_bytes = group * BITS / 8;
+  f8 special[SEGMENT], scale8[SEGMENT], lo[SEGMENT];
+  u8 marker[SEGMENT];
+  const uint8_t* codes[SEGMENT][8];
+  for (int v = 0; v < vectors; ++v) {
+    for (int l = 0; l < 8; ++l) {  // as decode_group reads a group's words
+      const int64_t g = ((v0 + v) * 8 + l) * (N / group) + t0 / group;
+      const float word = words[g], scale = std::fabs(word);
+      const uint32_t kind = bits_of(scale) & 3u;
+      const float extreme = kind >= 2 ? dmax : INFINITY;
+      special[v][l] = (kind & 1u) ? extreme : -extreme;
+      scale8[v][l] = scale;
+      lo[v][l] = words[groups + g];
+      marker[v][l] = word < 0.0f ? L : L + 1;
+      codes[v][l] = blob + 8 * groups + g * group_bytes;
+    }
+  }
+  // The segment's codes, one group after another: gathered from the L1 cache below, where
+  // straight from the blob they are 64 streams at once, more than the prefetcher follows.
+  alignas(64) uint8_t local[LOCAL_CODES];
+  if (group_bytes * 8 * vectors <= LOCAL_CODES) {
+    for (int v = 0; v < vectors; ++v)
+      for (int l = 0; l < 8; ++l) {
+        uint8_t* copy = local + (v * 8 + l) * group_bytes;
+        std::memcpy(copy, codes[v][l], group_bytes);
+        codes[v][l] = copy;
+      }
+  }
+  T* dst = out + t0 * C + v0 * 8;
+  u8 packed[SEGMENT];
+  for (int64_t j = 0; j < group; j += W) {
+    const int64_t count = std::min<int64_t>(W, group - j);
+    for (int v = 0; v < vectors; ++v) {
+      for (int l = 0; l < 8; ++l) {
+        uint32_t word = 0;
+        if (count == W) std::memcpy(&word, codes[v][l] + j * BITS / 8, 4);  // a constant size: inlined
+        else std::memcpy(&word, codes[v][l] + j * BITS / 8, count * BITS / 8);
+        packed[v][l] = word;
+      }
+    }
+    for (int64_t k = 0; k < count; ++k) {
+      const u8 shift = splat_u((uint32_t)(k * BITS));
+      for (int v = 0; v < vectors; ++v) {
+        const u8 code = (packed[v] >> shift) & splat_u(L);
+        const f8 product = __builtin_convertvector((i8)code, f8) * scale8[v];
+        store8(dst + (j + k) * C + v * 8, code == marker[v] ? special[v] : product + lo[v]);
+      }
+    }
+  }
+}
+
+// Blocks in token-major order, so that each thread reads whole rows of the matrix.
+template <int BITS, typename T>
+void encode_transposed_all(const T* x, int64_t N, int64_t C, int64_t group, uint8_t* blob, uint32_t key, float dmax,
+                           float scale_max) {
+  const int64_t lanes = C / 8, blocks = (N / group) * lanes;
+#pragma omp parallel for schedule(static) if (blocks > 8)
+  for (int64_t b = 0; b < blocks; ++b)
+    encode_block<BITS, T>(x, N, C, (b / lanes) * group, (b % lanes) * 8, group, C * (N / group), blob, key, dmax,
+                          scale_max);
+}
+
+template <int BITS, typename T>
+void decode_transposed_all(const uint8_t* blob, int64_t N, int64_t C, int64_t group, T* out, float dmax) {
+  const int64_t vectors = C / 8, segments = (vectors + SEGMENT - 1) / SEGMENT, blocks = (N / group) * segments;
+#pragma omp parallel for schedule(static) if (blocks > 1)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t v0 = (b % segments) * SEGMENT;
+    decode_block<BITS, T>(blob, N, C, (b / segments) * group, v0, (int)std::min<int64_t>(SEGMENT, vectors - v0), group,
+                          C * (N / group), out, dmax);
+  }
+}
+
+template <typename T>
+int encode_transposed_typed(const T* x, int64_t N, int64_t C, int64_t group, uint8_t* blob, uint32_t key, int bits,
+                            float dmax, float scale_max) {
+  switch (bits) {
+    case 1: encode_transposed_all<1>(x, N, C, group, blob, key, dmax, scale_max); return 0;
+    case 2: encode_transposed_all<2>(x, N, C, group, blob, key, dmax, scale_max); return 0;
+    case 4: encode_transposed_all<4>(x, N, C, group, blob, key, dmax, scale_max); return 0;
+    case 8: encode_transposed_all<8>(x, N, C, group, blob, key, dmax, scale_max); return 0;
+  }
+  return 1;
+}
+
+template <typename T>
+int decode_transposed_typed(const uint8_t* blob, int64_t N, int64_t C, int64_t group, T* out, int bits, float dmax) {
+  switch (bits) {
+    case 1: decode_transposed_all<1>(blob, N, C, group, out, dmax); return 0;
+    case 2: decode_transposed_all<2>(blob, N, C, group, out, dmax); return 0;
+    case 4: decode_transposed_all<4>(blob, N, C, group, out, dmax); return 0;
+    case 8: decode_transposed_all<8>(blob, N, C, group, out, dmax); return 0;
+  }
+  return 1;
+}
+
+inline uint32_t key_word(const int64_t* key, int from_state) {
+  const uint32_t k0 = (uint32_t)key[0];
+  const uint32_t second = (uint32_t)key[1];
+  const uint32_t k1 = from_state ? fmix32((second * GOLDEN) ^ k0) : second;
+  return call_word(k0, k1);
+}
+
 }  // namespace
 
 // dtype: 0 float32, 1 bfloat16, 2 float16. Returns 0, or 1 for an unsupported width, 2 for
@@ -333,10 +572,7 @@ int encode_typed(const T* x, int64_t numel, int64_t group, uint8_t* blob, uint32
 extern "C" int gact_encode(const void* x, int64_t numel, int64_t group, uint8_t* blob, const int64_t* key,
                            int from_state, int bits, float dmax, float scale_max, int dtype) {
   if (group > MAX_GROUP || group % 8) return 2;
-  const uint32_t k0 = (uint32_t)key[0];
-  const uint32_t second = (uint32_t)key[1];
-  const uint32_t k1 = from_state ? fmix32((second * GOLDEN) ^ k0) : second;
-  const uint32_t word = call_word(k0, k1);
+  const uint32_t word = key_word(key, from_state);
   switch (dtype) {
     case 0: return encode_typed(static_cast<const float*>(x), numel, group, blob, word, bits, dmax, scale_max);
     case 1: return encode_typed(static_cast<const bf16*>(x), numel, group, blob, word, bits, dmax, scale_max);
@@ -371,6 +607,37 @@ extern "C" int gact_decode(const uint8_t* blob, int64_t numel, int64_t group, vo
   }
   return 2;
 }
+
+// The blob of the transpose of a row-major [tokens, features] matrix: tokens a multiple of
+// ``group``, ``group`` of 16, features of 8 (else 2); dtype and the rest as for gact_encode.
+extern "C" int gact_encode_transposed(const void* x, int64_t tokens, int64_t features, int64_t group, uint8_t* blob,
+                                      const int64_t* key, int from_state, int bits, float dmax, float scale_max,
+                                      int dtype) {
+  if (group <= 0 || group % 16 || tokens % group || features % 8) return 2;
+  const uint32_t word = key_word(key, from_state);
+  switch (dtype) {
+    case 0: return encode_transposed_typed(static_cast<const float*>(x), tokens, features, group, blob, word, bits, dmax, scale_max);
+    case 1: return encode_transposed_typed(static_cast<const bf16*>(x), tokens, features, group, blob, word, bits, dmax, scale_max);
+    case 2: return encode_transposed_typed(static_cast<const f16*>(x), tokens, features, group, blob, word, bits, dmax, scale_max);
+  }
+  return 2;
+}
+
+// Decodes such a blob back into the row-major [tokens, features] matrix; answers as gact_decode.
+extern "C" int gact_decode_transposed(const uint8_t* blob, int64_t tokens, int64_t features, int64_t group, void* out,
+                                      int bits, float dmax, int dtype) {
+  if (group <= 0 || group % 16 || tokens % group || features % 8) return 2;
+  switch (dtype) {
+    case 0: return decode_transposed_typed(blob, tokens, features, group, static_cast<float*>(out), bits, dmax);
+    case 1: return decode_transposed_typed(blob, tokens, features, group, static_cast<bf16*>(out), bits, dmax);
+#if defined(__F16C__)
+    case 2: return decode_transposed_typed(blob, tokens, features, group, static_cast<f16*>(out), bits, dmax);
+#else
+    case 2: return 3;
+#endif
+  }
+  return 2;
+}
 """
 
 
@@ -387,7 +654,11 @@ def library():
     lib.gact_encode.argtypes = [pointer, size, size, pointer, pointer, flag, flag, ctypes.c_float, ctypes.c_float, flag]
     lib.gact_decode.argtypes = [pointer, size, size, pointer, flag, ctypes.c_float, flag]
     lib.gact_noise.argtypes = [ctypes.c_uint64, size, pointer, pointer]
+    lib.gact_encode_transposed.argtypes = [pointer, size, size, size, pointer, pointer, flag, flag, ctypes.c_float,
+                                           ctypes.c_float, flag]
+    lib.gact_decode_transposed.argtypes = [pointer, size, size, size, pointer, flag, ctypes.c_float, flag]
     lib.gact_encode.restype = lib.gact_decode.restype = flag
+    lib.gact_encode_transposed.restype = lib.gact_decode_transposed.restype = flag
     lib.gact_noise.restype = None
     return lib
 
@@ -396,18 +667,46 @@ def available() -> bool:
     return library() is not None
 
 
+def _new_blob(numel: int, bits: int, group_size: int, itemsize: int) -> torch.Tensor:
+    blob = torch.empty(fmt.float_blob_nbytes(numel, bits, group_size, itemsize), dtype=torch.uint8)
+    blob[fmt.quantized_body_bytes(numel, bits, group_size) :] = 0  # padding and tag
+    return blob
+
+
 def quantize(flat: torch.Tensor, bits: int, group_size: int, *, state=None, key=None) -> torch.Tensor:
     """Blob of a 1-D float CPU tensor at ``bits`` in {1, 2, 4, 8} (the reference's, bit for bit)."""
     source, from_state = (state, 1) if state is not None else (key, 0)
     values = flat.contiguous()
     numel = values.numel()
-    blob = torch.empty(fmt.float_blob_nbytes(numel, bits, group_size, flat.element_size()), dtype=torch.uint8)
-    blob[fmt.quantized_body_bytes(numel, bits, group_size) :] = 0  # padding and tag
+    blob = _new_blob(numel, bits, group_size, flat.element_size())
     status = library().gact_encode(values.data_ptr(), numel, group_size, blob.data_ptr(), source.data_ptr(), from_state,
                                    bits, float(torch.finfo(flat.dtype).max), SCALE_MAX,
                                    DTYPE_CODES[flat.dtype])
     if status:
         raise ValueError(f"gact CPU codec: unsupported width {bits} or group size {group_size} (at most {MAX_GROUP})")
+    return blob
+
+
+def transposable(tokens: int, features: int, group_size: int, dtype: torch.dtype) -> bool:
+    """Whether the feature-major kernels take a [tokens, features] matrix of ``dtype``: every
+    group then holds ``group_size`` tokens of one feature, eight features at a time."""
+    return (dtype in DTYPE_CODES and group_size % 16 == 0 and tokens > 0 and tokens % group_size == 0
+            and features % 8 == 0 and features > 0)
+
+
+def quantize_transposed(matrix: torch.Tensor, bits: int, group_size: int, *, state=None, key=None) -> torch.Tensor:
+    """The blob of ``matrix.t().reshape(-1)``, read from the row-major [tokens, features]
+    ``matrix`` in place (no transposed copy); bit for bit the blob ``quantize`` writes."""
+    source, from_state = (state, 1) if state is not None else (key, 0)
+    tokens, features = matrix.shape
+    values = matrix.contiguous()
+    blob = _new_blob(values.numel(), bits, group_size, values.element_size())
+    status = library().gact_encode_transposed(values.data_ptr(), tokens, features, group_size, blob.data_ptr(),
+                                              source.data_ptr(), from_state, bits, float(torch.finfo(values.dtype).max),
+                                              SCALE_MAX, DTYPE_CODES[values.dtype])
+    if status:
+        raise ValueError(f"gact CPU codec: no feature-major encoding of {tokens} x {features} at {bits} bits in "
+                         f"groups of {group_size}")
     return blob
 
 
@@ -432,4 +731,24 @@ def dequantize(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: i
         out = wide.to(dtype)
     if status:
         raise ValueError(f"gact CPU codec: unsupported width {bits}")
+    return out
+
+
+def dequantize_transposed(blob: torch.Tensor, tokens: int, features: int, dtype: torch.dtype,
+                          group_size: int) -> torch.Tensor:
+    """The row-major [tokens, features] matrix whose transpose ``blob`` encodes (the mirror of
+    ``quantize_transposed``): ``dequantize(...).view(features, tokens).t()``, without the copy."""
+    bits = fmt.bits_from_blob_nbytes(blob.numel())
+    blob = blob.contiguous()
+    dmax = float(torch.finfo(dtype).max)
+    out = torch.empty(tokens, features, dtype=dtype)
+    decode = library().gact_decode_transposed
+    status = decode(blob.data_ptr(), tokens, features, group_size, out.data_ptr(), bits, dmax, DTYPE_CODES[dtype])
+    if status == NO_HALF_STORE:
+        wide = torch.empty(tokens, features, dtype=torch.float32)
+        status = decode(blob.data_ptr(), tokens, features, group_size, wide.data_ptr(), bits, dmax, 0)
+        out = wide.to(dtype)
+    if status:
+        raise ValueError(f"gact CPU codec: no feature-major decoding of {tokens} x {features} at {bits} bits in "
+                         f"groups of {group_size}")
     return out

@@ -9,6 +9,10 @@ installed and the C++ codec (``runtime.cpu_kernels``) serves CPU tensors when it
 be compiled. Triton and the C++ codec are loaded on first use, never at import time.
 bool masks and 32-bit pass-through always take the reference path (a copy or a bit-pack).
 
+``encode_permuted`` and ``decode_permuted`` take a tensor in the order of a permutation;
+for the feature-major order of ``feature_groups`` the C++ codec reads and writes the
+source's own layout, where the others need a transposed copy.
+
 A call's noise comes from ``state`` (a site's ``[slot_key, count]`` on the device; the
 caller advances it) or from an explicit ``key`` (``[k0, k1]``).
 """
@@ -17,11 +21,13 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import math
 import os
 
 import torch
 
 from . import format as fmt
+from .layout import arrange, feature_major, inverse_permutation
 from .noise import call_key, rounding_noise
 from .reference import dequantize_reference, quantize_reference
 
@@ -102,3 +108,42 @@ def decode(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int) 
 
         return cpu_kernels.dequantize(blob, numel, dtype, group_size)
     return dequantize_reference(blob, numel, dtype, group_size)
+
+
+def _transposable(tensor: torch.Tensor, bits: int, tokens: int, features: int, group_size: int,
+                  dtype: torch.dtype) -> bool:
+    if implementation(tensor, bits) != "cpu":
+        return False
+    from . import cpu_kernels
+
+    return cpu_kernels.transposable(tokens, features, group_size, dtype)
+
+
+def encode_permuted(x: torch.Tensor, perm, bits: int, group_size: int, *, state=None, key=None) -> torch.Tensor:
+    """Blob of ``x`` taken in the logical order of ``x.permute(perm)``."""
+    perm = list(perm)
+    if len(perm) >= 2:
+        layout = [*perm[1:], perm[0]]  # where perm is feature-major, the layout it is read from
+        features = x.shape[perm[0]]
+        tokens = x.numel() // max(features, 1)
+        if x.permute(layout).is_contiguous() and _transposable(x, bits, tokens, features, group_size, x.dtype):
+            from . import cpu_kernels
+
+            matrix = x.permute(layout).reshape(tokens, features)  # a view
+            return cpu_kernels.quantize_transposed(matrix, bits, group_size, state=state, key=key)
+    return encode(x.permute(perm).reshape(-1), bits, group_size, state=state, key=key)
+
+
+def decode_permuted(blob: torch.Tensor, shape, dtype: torch.dtype, group_size: int, perm, layout=None) -> torch.Tensor:
+    """The tensor of ``shape`` that ``blob`` holds in the order of ``perm``, compact in
+    ``layout`` (``runtime.layout.arrange``)."""
+    numel = math.prod(shape)
+    if dtype != torch.bool and feature_major(perm, layout):
+        features = shape[layout[-1]]
+        tokens = numel // max(features, 1)
+        if _transposable(blob, fmt.bits_from_blob_nbytes(blob.numel()), tokens, features, group_size, dtype):
+            from . import cpu_kernels
+
+            matrix = cpu_kernels.dequantize_transposed(blob, tokens, features, dtype, group_size)
+            return matrix.view([shape[dim] for dim in layout]).permute(inverse_permutation(layout))
+    return arrange(decode(blob, numel, dtype, group_size), shape, perm, layout)

@@ -5,9 +5,10 @@
     taken in the *logical* order of ``x.permute(perm)``, never in memory order, so the
     result does not depend on the strides the compiler picked for ``x``; ``perm`` is
     chosen by the pass so that this permute is a no-op for the layout seen at compile
-    time. ``slot`` names the saved-tensor site (``runtime.registry``): its rounding
-    noise is keyed by a counter that lives on the device and advances there, so CUDA
-    graph replays draw fresh noise. bool tensors are packed losslessly at 1 bit
+    time, or, with feature groups, a transpose that the CPU codec reads in place.
+    ``slot`` names the saved-tensor site (``runtime.registry``): its rounding noise is
+    keyed by a counter that lives on the device and advances there, so CUDA graph
+    replays draw fresh noise. bool tensors are packed losslessly at 1 bit
     whatever ``bits``. ``bits == RUNTIME_BITS`` reads the site's width at run time; the
     blob's length is then a data-dependent (unbacked) size. On a probe's forward call
     (``registry.STASHING``) the op also keeps an exact copy and marks the blob with a
@@ -17,10 +18,12 @@
     The next rounding key ``[k0, k1]`` of each site (int64, ``len(slots) x 2``), for the
     aten lowering (``runtime.aten_codec``), which draws the same noise in traced ops.
 
-``gact::dequantize(Tensor blob, SymInt[] shape, ScalarType dtype, int group_size, int[] perm, int slot) -> Tensor``
+``gact::dequantize(Tensor blob, SymInt[] shape, ScalarType dtype, int group_size, int[] perm, int slot, int[]? layout=None) -> Tensor``
     Decodes a blob to a tensor of ``shape`` and ``dtype`` whose strides are compact in
-    the dimension order ``perm`` (the original strides whenever the original tensor was
-    dense). The bit width is read from the blob's length, so it needs no host sync.
+    the dimension order ``layout``, or ``perm`` when it is None (the original strides
+    whenever the original tensor was dense; ``runtime.layout``). With feature groups the
+    two differ, and the CPU codec writes the source's layout directly. The bit width is
+    read from the blob's length, so it needs no host sync.
     While a probe measures, the probed call's blob (and only it: its token says so) is
     replaced by the exact copy or a re-quantization of it.
 
@@ -40,18 +43,12 @@ from collections.abc import Sequence
 import torch
 
 from . import format as fmt
-from .kernels import decode, encode
+from .kernels import decode, decode_permuted, encode, encode_permuted
+from .layout import arrange, inverse_permutation
 from .registry import DIRECTORY, EXACT, STASHING, Stash, attach_token, token_of
 from .noise import key_of
 
 RUNTIME_BITS = fmt.RUNTIME_BITS
-
-
-def inverse_permutation(perm: Sequence[int]) -> list[int]:
-    inverse = [0] * len(perm)
-    for position, dim in enumerate(perm):
-        inverse[dim] = position
-    return inverse
 
 
 def blob_nbytes(numel, dtype: torch.dtype, bits: int, group_size: int):
@@ -70,14 +67,14 @@ def blob_nbytes(numel, dtype: torch.dtype, bits: int, group_size: int):
 )
 def quantize(x: torch.Tensor, bits: int, group_size: int, perm: Sequence[int], slot: int) -> torch.Tensor:
     site = DIRECTORY.site(slot)
-    flat = x.permute(list(perm)).reshape(-1)
     if bits == RUNTIME_BITS:
         bits = site.runtime_bits()
-    state = site.rng_state(flat.device)
-    blob = encode(flat, bits, group_size, state=state)
+    state = site.rng_state(x.device)
+    blob = encode_permuted(x, perm, bits, group_size, state=state)
     site.advance(state)
     if slot in STASHING.get():
         token = site.registry.new_token()
+        flat = x.permute(list(perm)).reshape(-1)
         site.stash = Stash(flat.clone(), token)  # a copy: the compiler may reuse x's buffer
         blob = attach_token(blob, token)
     return blob
@@ -110,7 +107,8 @@ def _substitute(site, blob: torch.Tensor, numel: int, dtype: torch.dtype, group_
 @torch.library.custom_op(
     "gact::dequantize",
     mutates_args=(),
-    schema="(Tensor blob, SymInt[] shape, ScalarType dtype, int group_size, int[] perm, int slot) -> Tensor",
+    schema="(Tensor blob, SymInt[] shape, ScalarType dtype, int group_size, int[] perm, int slot, int[]? layout=None) "
+    "-> Tensor",
 )
 def dequantize(
     blob: torch.Tensor,
@@ -119,18 +117,20 @@ def dequantize(
     group_size: int,
     perm: Sequence[int],
     slot: int,
+    layout: Sequence[int] | None = None,
 ) -> torch.Tensor:
     numel = math.prod(shape)
     flat = _substitute(DIRECTORY.site(slot), blob, numel, dtype, group_size)
     if flat is None:
-        flat = decode(blob, numel, dtype, group_size)
-    return flat.view([shape[dim] for dim in perm]).permute(inverse_permutation(perm))
+        return decode_permuted(blob, shape, dtype, group_size, perm, layout)
+    return arrange(flat, shape, perm, layout)
 
 
 @dequantize.register_fake
-def _dequantize_fake(blob, shape, dtype, group_size, perm, slot):
-    permuted = blob.new_empty([shape[dim] for dim in perm], dtype=dtype)
-    return permuted.permute(inverse_permutation(perm))
+def _dequantize_fake(blob, shape, dtype, group_size, perm, slot, layout=None):
+    order = list(perm if layout is None else layout)
+    compact = blob.new_empty([shape[dim] for dim in order], dtype=dtype)
+    return compact.permute(inverse_permutation(order))
 
 
 @torch.library.custom_op(

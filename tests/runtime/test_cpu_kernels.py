@@ -102,3 +102,43 @@ def test_groups_whose_codes_fill_part_of_a_word_match_the_reference(bits, group_
     assert torch.equal(blob, reference_blob(x, bits, group_size, key))
     assert same_decode(cpu_kernels.dequantize(blob, x.numel(), torch.float32, group_size),
                        dequantize_reference(blob, x.numel(), torch.float32, group_size))
+
+
+def with_special_values(matrix):
+    tokens = matrix.shape[0]
+    extreme = torch.finfo(matrix.dtype).max
+    matrix[3, 5] = float("inf")
+    matrix[tokens - 1, 5] = float("inf")
+    matrix[:, 6] = -extreme  # a whole group of special values
+    matrix[4, 1] = float("nan")
+    matrix[0, 2], matrix[1, 2] = float("inf"), -extreme  # two kinds: poisoned
+    return matrix
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+@pytest.mark.parametrize("tokens,features,group_size", [(256, 64, 256), (512, 24, 256), (96, 8, 32), (48, 16, 16)])
+def test_feature_major_blobs_and_decodes_are_the_transposed_copys_bit_for_bit(dtype, bits, tokens, features, group_size):
+    scales = torch.logspace(-2, 1, features)
+    matrix = with_special_values((torch.randn(tokens, features, generator=torch.Generator().manual_seed(bits)) * scales).to(dtype))
+    key = noise.key_of(0x5EED, tokens)
+    blob = cpu_kernels.quantize_transposed(matrix, bits, group_size, key=key)
+    assert torch.equal(blob, reference_blob(matrix.t().reshape(-1), bits, group_size, key))
+    decoded = cpu_kernels.dequantize_transposed(blob, tokens, features, dtype, group_size)
+    expected = dequantize_reference(blob, matrix.numel(), dtype, group_size).view(features, tokens).t()
+    assert decoded.is_contiguous() and same_decode(decoded, expected)
+
+
+def test_feature_major_noise_comes_from_a_sites_state_as_in_the_reference():
+    matrix = torch.randn(256, 32)
+    state = torch.tensor([0x9876543, 41], dtype=torch.int64)
+    blob = cpu_kernels.quantize_transposed(matrix, 2, 256, state=state)
+    assert torch.equal(blob, reference_blob(matrix.t().reshape(-1), 2, 256, noise.call_key(state)))
+
+
+@pytest.mark.parametrize("tokens,features,group_size", [(300, 64, 256), (256, 12, 256), (256, 64, 24)],
+                         ids=["tokens not a multiple of the group", "features not a multiple of 8", "group not of 16"])
+def test_shapes_the_feature_major_kernels_do_not_take_are_refused(tokens, features, group_size):
+    assert not cpu_kernels.transposable(tokens, features, group_size, torch.float32)
+    with pytest.raises(ValueError, match="no feature-major encoding"):
+        cpu_kernels.quantize_transposed(torch.randn(tokens, features), 2, group_size, key=noise.key_of(1, 2))

@@ -7,6 +7,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from gact_fx.runtime import format as fmt
 from gact_fx.runtime import ops  # noqa: F401  (registers torch.ops.gact)
 from gact_fx.runtime.kernels import encode
+from gact_fx.runtime.layout import arrange
 from gact_fx.runtime.registry import DIRECTORY, SlotRegistry, manual_seed
 
 from .sites import SLOT, new_slot
@@ -147,3 +148,33 @@ def test_fake_blob_size_is_symbolic_under_dynamic_shapes():
     assert isinstance(size, torch.SymInt)
     hinted = fmt.float_blob_nbytes(70, 4, 64, 4)
     assert size.node.hint == hinted
+
+
+@pytest.mark.parametrize("shape", [(512, 64), (2, 256, 24), (3, 100, 64)], ids=["transposable", "3-d", "copied"])
+def test_feature_major_encoding_reads_the_source_in_place_and_decodes_to_its_layout(monkeypatch, shape):
+    from gact_fx.runtime import cpu_kernels, kernels
+
+    if not cpu_kernels.available():
+        pytest.skip("no C++ codec here")
+    calls = []
+    for name in ("quantize_transposed", "dequantize_transposed"):
+        original = getattr(cpu_kernels, name)
+        monkeypatch.setattr(cpu_kernels, name, lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k))
+    x = torch.randn(shape)
+    layout = list(range(x.dim()))
+    perm = [layout[-1], *layout[:-1]]  # feature-major: the innermost dimension outermost
+    key = torch.tensor([5, 6])
+    blob = kernels.encode_permuted(x, perm, 4, 256, key=key)
+    assert torch.equal(blob, encode(x.permute(perm).reshape(-1), 4, 256, key=key))
+    y = kernels.decode_permuted(blob, list(shape), x.dtype, 256, perm, layout)
+    assert y.stride() == x.stride() and torch.equal(y, arrange(kernels.decode(blob, x.numel(), x.dtype, 256), shape, perm, None))
+    assert calls == ([] if shape == (3, 100, 64) else ["quantize_transposed", "dequantize_transposed"])
+
+
+@pytest.mark.compat
+def test_opcheck_with_a_layout(pinned_slot):
+    x = torch.randn(256, 16)
+    blob = quantize(x, 4, 64, [1, 0], pinned_slot)
+    torch.library.opcheck(dequantize, (blob, [256, 16], torch.float32, 64, [1, 0], pinned_slot, [0, 1]))
+    y = dequantize(blob, [256, 16], torch.float32, 64, [1, 0], pinned_slot, [0, 1])
+    assert y.stride() == (16, 1) and (y - x).abs().max() <= (x.max() - x.min()) / 15
