@@ -95,14 +95,14 @@ def main(argv=None):
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     task = TASKS[args.task](seed=args.seed)
-    stem = RESULTS / f"convergence_{args.task}"
+    stem = RESULTS / (f"convergence_{args.task}" + (f"_seed{args.seed}" if args.seed else ""))
     if args.merge:
         parts = [json.loads(stem.with_suffix(f".{name}.json").read_text()) for name in args.merge]
         results = [TrainResult(**r) for part in parts for r in part["results"]]
         meta = dict(parts[0]["meta"], command=" and ".join(part["meta"]["command"] for part in parts))
         return write(results, task, stem, meta)
     RESULTS.mkdir(exist_ok=True)
-    meta = metadata("cpu") | {"compiler": f"auto ({resolve_compiler('auto', ())} on the CPU)", "threads": args.threads}
+    meta = metadata("cpu") | {"compiler": f"auto ({resolve_compiler('auto', ())} on the CPU)", "threads": args.threads, "seed": args.seed}
     results = []
     for method in args.methods:
         def progress(result):

@@ -4,7 +4,9 @@ For both lowerings: the opaque ``gact::`` ops (Triton kernels on CUDA, the CPU c
 the torch reference on the CPU) and the aten lowering compiled by Inductor. Bytes
 counted are what each must move: quantize reads the tensor and writes the blob,
 dequantize the reverse; the copy reads and writes the tensor. The ceiling is the faster
-of a copy into a new tensor and a copy into a buffer allocated once.
+of a copy into a new tensor and a copy into a buffer allocated once. The "feature
+groups" rows encode a [tokens, 1024] tensor in groups of one feature's tokens and decode
+it back to its own layout (on the CPU without a transposed copy).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ..runtime.registry import SlotRegistry
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 WIDTHS = (1, 2, 4, 8)
+FEATURES = 1024  # the feature-groups rows' innermost dimension: a power of two, the worst row stride for caches
 
 
 def median_seconds(fn: Callable[[], object], device: str, repeats: int, warmup: int = 3) -> float:
@@ -75,6 +78,13 @@ def kernel_table(device: str, numel: int, repeats: int, *, dtypes=DTYPES, widths
             if "op" in lowerings:
                 candidates[("op", "quantize")] = lambda: torch.ops.gact.quantize(x, bits, 256, [0], site.slot)
                 candidates[("op", "dequantize")] = lambda: torch.ops.gact.dequantize(blob, [numel], dtype, 256, [0], site.slot)
+                if numel % FEATURES == 0:  # feature groups: the tensor as [tokens, FEATURES], encoded transposed
+                    matrix, shape = x.view(-1, FEATURES), [numel // FEATURES, FEATURES]
+                    transposed = torch.ops.gact.quantize(matrix, bits, 256, [1, 0], site.slot)
+                    candidates[("op", "quantize, feature groups")] = (
+                        lambda: torch.ops.gact.quantize(matrix, bits, 256, [1, 0], site.slot))
+                    candidates[("op", "dequantize, feature groups")] = (
+                        lambda: torch.ops.gact.dequantize(transposed, shape, dtype, 256, [1, 0], site.slot, [0, 1]))
             if "aten" in lowerings:
                 torch._dynamo.reset()  # one code object, recompiled for each width: stay under the limit
                 key = torch.tensor([12345, 678], dtype=torch.int64, device=device)

@@ -145,8 +145,9 @@ TABLE_FILES = {
     "adaptive_overhead.json": ("Cost of adaptive bits", "A probe step against a normal step, amortised over the interval."),
     "cpu_step_time.json": ("CPU step time of the gact backend", "Ratios against the same compile path with gact disabled."),
     "cpu_step_time_feature_groups.json": ("CPU step time with feature groups",
-                                          "`feature_groups=True` against contiguous groups, in the same run: the "
-                                          "encoder reads a transposed copy and the backward copies the tensor back."),
+                                          "`feature_groups=True` against contiguous groups, in the same run. The "
+                                          "CPU codec reads and writes the tensor's own layout (no transposed copy) "
+                                          "where its tokens fill whole groups and its features come in eights."),
     "cpu_peak_memory.json": ("Peak step memory on the CPU: transformers at base width",
                              "`benchmarks/cpu_peak_memory.py`: one training step per method, the caller keeping only the "
                              "loss; peak from the CPU profiler's allocation events, above what was live before the step."),
