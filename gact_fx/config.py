@@ -127,8 +127,16 @@ class GactConfig:
     the logsumexp no longer saved. False passes the saved output, whose mismatch
     with the rounded value multiplies the query and key gradients' error."""
 
+    recompute_affine: bool = True
+    """Stop saving a tensor that is an affine function of another saved tensor (a
+    LayerNorm's output beside its normalised input) and rebuild it in the backward from
+    the stored one (``passes.affine``): one tensor's bytes fewer, a few elementwise ops
+    more in the backward. Adaptive bits count its elements in the budget of the one
+    that carries it."""
+
     def __post_init__(self) -> None:
         _check_type("enabled", self.enabled, bool)
+        _check_type("recompute_affine", self.recompute_affine, bool)
         _check_type("save_derivatives", self.save_derivatives, bool)
         _check_type("recompute_attention", self.recompute_attention, bool)
         _check_type("compress_inputs", self.compress_inputs, bool)

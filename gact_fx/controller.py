@@ -62,6 +62,7 @@ class TrackedTensor:
     itemsize: int
     floor: int = 1  # the fewest bits its use in the backward allows (``passes.uses``)
     sensitivity: float | None = None  # C_l, measured at ``probe_bits``
+    carried_numel: int = 0  # elements rebuilt from it in the backward (``passes.affine``): budget it frees
 
     @property
     def slot(self) -> int:
@@ -316,10 +317,10 @@ class GactController:
 
     def _allocate(self, region: Region) -> None:
         adaptive = region.tensors
-        problem = AllocationProblem.from_average(
-            [t.sensitivity for t in adaptive],
-            [t.numel for t in adaptive],
-            self.settings.avg_bits,
+        problem = AllocationProblem(
+            tuple(t.sensitivity for t in adaptive),
+            tuple(t.numel for t in adaptive),
+            self._budget(adaptive),
             full_bits=tuple(8 * t.itemsize for t in adaptive),
             floors=tuple(t.floor for t in adaptive),
             one_bit=tuple(t.sensitivity if self.settings.probe_bits == 1 else None for t in adaptive),
@@ -328,14 +329,27 @@ class GactController:
             tensor.bits = bits
         region.adaptations += 1
         histogram = {b: sum(1 for t in adaptive if t.bits == b) for b in sorted({t.bits for t in adaptive})}
-        least = problem.cost([problem.rungs(i)[-1] for i in range(len(adaptive))]) / max(1, sum(problem.numels))
         log.info(
-            "gact adapted graph %d at call %d: %d tensors, %.2f average bits (budget %.2f%s), "
+            "gact adapted graph %d at call %d: %d tensors, %.2f average bits (budget %.2f, floors apart), "
             "predicted gradient variance %.3g, bits %s",
             region.index, region.calls, len(adaptive), self.average_bits(region), self.settings.avg_bits,
-            f"; the least the floors allow is {least:.2f}" if least > self.settings.avg_bits + 1e-9 else "",
             problem.variance([t.bits for t in adaptive]), histogram,
         )
+
+    def _budget(self, adaptive: Sequence[TrackedTensor]) -> float:
+        """Bits for the region's tensors: ``avg_bits`` per element of those free to move,
+        the elements the backward rebuilds from them included (``passes.affine``: no longer
+        stored, so the tensor that carries them may take more bits), plus each floored
+        tensor at its floor. Floors are what a use in the backward requires whatever the
+        budget; they cost bytes beyond it (reported), instead of leaving the solver a
+        budget the floors alone exceed."""
+        bits = 0.0
+        for tensor in adaptive:
+            if tensor.floor > 1:
+                bits += tensor.floor * tensor.numel + self.settings.avg_bits * tensor.carried_numel
+            else:
+                bits += self.settings.avg_bits * (tensor.numel + tensor.carried_numel)
+        return bits
 
     # -- checkpointing -------------------------------------------------------------------
 

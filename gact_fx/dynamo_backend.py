@@ -171,7 +171,7 @@ class GactBackend:
                 site = self.registry.sites[compression.slot]
                 site.bits = max(initial_bits, compression.floor)
                 tracked.append(TrackedTensor(site, compression.label, compression.numel, compression.itemsize,
-                                             floor=compression.floor))
+                                             floor=compression.floor, carried_numel=compression.carried_numel))
         return tracked
 
     def report(self) -> Report:

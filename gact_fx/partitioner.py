@@ -17,6 +17,7 @@ import torch.fx as fx
 
 from ._compat import partitioners
 from .config import GactConfig
+from .passes.affine import recompute_affine
 from .passes.attention import recompute_attention_outputs
 from .passes.derivatives import hoist_derivatives
 from .passes.hoist import hoist_comparisons, hoist_exponentials
@@ -24,7 +25,7 @@ from .passes.memory import saved_bytes_timeline
 from .passes.offload import offload_blobs
 from .passes.plan import BitsChooser, Compression, PlanOptions, assign_bits, plan_compression
 from .passes.rewrite import apply_plan
-from .passes.saved import SavedGraph, find_saved
+from .passes.saved import SavedGraph, find_saved, static_placeholders
 from .passes.snapshot import graph_view
 from .passes.uses import classify_uses
 from .report import GraphRecord
@@ -85,11 +86,17 @@ class GactPartitioner:
         self.on_record = on_record
         self.allocate_slot = allocate_slot
 
-    def _lossy_positions(self, bw: fx.GraphModule, saved: SavedGraph, options: PlanOptions) -> set[int]:
-        """Positions of the saved values the plan would store below full precision."""
+    def _lossy_positions(self, bw: fx.GraphModule, saved: SavedGraph, options: PlanOptions,
+                         overridden: bool = True) -> set[int]:
+        """Positions of the saved values the plan would store below full precision
+        (``overridden=False``: less those whose bits a per-tensor override sets)."""
         plan = plan_compression(saved, options, allocate_slot=lambda: -1, uses=_uses(bw, saved))  # a dry run: no slots
         plan = assign_bits(plan, bits_chooser(self.config), estimate_bits=self.config.initial_bits)
-        return {m.position for c in plan.compressions if c.is_float and c.bits != 32 for m in c.members}
+        return {
+            m.position for c in plan.compressions
+            if c.is_float and c.bits != 32 and (overridden or not c.bits_reason.startswith("override"))
+            for m in c.members
+        }
 
     def __call__(
         self,
@@ -130,6 +137,12 @@ class GactPartitioner:
         for rewrite in rewrites if self.config.enabled else ():
             if rewrite(fw, bw, saved, self._lossy_positions(bw, saved, options)):
                 saved = find_saved(fw, bw, num_fwd_outputs, static_indices)
+        # A tensor whose bits an override sets keeps them: it is not rebuilt from another.
+        if self.config.enabled and self.config.recompute_affine and recompute_affine(
+            fw, bw, saved, self._lossy_positions(bw, saved, options, overridden=False),
+            static=static_placeholders(fw, static_indices),
+        ):
+            saved = find_saved(fw, bw, num_fwd_outputs, static_indices)
         plan = plan_compression(saved, options, allocate_slot=self.allocate_slot, uses=_uses(bw, saved))
         plan = assign_bits(plan, bits_chooser(self.config), estimate_bits=self.config.initial_bits)
         record = GraphRecord.build(

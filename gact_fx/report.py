@@ -24,7 +24,7 @@ import torch
 from ._compat import hint
 from .config import GactConfig
 from .passes.memory import Timeline
-from .passes.plan import COMPRESSIBLE_KINDS, CompressionPlan, activation_nbytes, layout_of
+from .passes.plan import COMPRESSIBLE_KINDS, REBUILT_FROM, CompressionPlan, activation_nbytes, layout_of, nbytes_of
 from .passes.saved import SavedGraph, SavedKind
 from .passes.snapshot import GraphView
 from .runtime.format import RUNTIME_BITS
@@ -81,6 +81,7 @@ class CompressionRecord:
     floor: int = 1  # the fewest bits its use allows
     bits_reason: str = ""
     groups: str = "contiguous"  # or "feature": tokens of one feature per group (``feature_groups``)
+    carried_numel: int = 0  # elements of saved tensors the backward rebuilds from it (``passes.affine``)
 
     @property
     def is_float(self) -> bool:
@@ -95,6 +96,25 @@ def _producer(node) -> str:
 
 def _dtype_name(val) -> str:
     return str(val.dtype).replace("torch.", "") if hasattr(val, "dtype") else type(val).__name__
+
+
+def _rebuilt_rows(index: int, baseline: SavedGraph, saved: SavedGraph) -> list[SavedTensorRow]:
+    """Rows for the stock partition's saved tensors that the backward now rebuilds
+    (``passes.affine``): held by nothing, so no bytes after."""
+    still_saved = {v.node for v in saved.values}
+    rows = []
+    for value in baseline.tensors:
+        carrier = value.node.meta.get(REBUILT_FROM)
+        if carrier is None or value.node in still_saved:
+            continue
+        val = value.val
+        rows.append(SavedTensorRow(
+            graph=index, name=value.node.name, kind=str(value.kind), shape=tuple(layout_of(val).shape),
+            dtype=_dtype_name(val), bits=None, stored=f"rebuilt in the backward from {carrier}",
+            bytes_before=nbytes_of(val), bytes_after=0, producer=_producer(value.node), source=value.node.name,
+            stored_numel=0,
+        ))
+    return rows
 
 
 def _rows(index: int, saved: SavedGraph, plan: CompressionPlan) -> list[SavedTensorRow]:
@@ -159,6 +179,7 @@ def _compression_records(plan: CompressionPlan) -> tuple[CompressionRecord, ...]
             floor=c.floor,
             bits_reason=c.bits_reason,
             groups=c.groups,
+            carried_numel=c.carried_numel,
         )
         for c in plan.compressions
     )
@@ -187,7 +208,8 @@ class GraphRecord:
     @classmethod
     def build(cls, *, index, compiler, config, baseline: SavedGraph, saved: SavedGraph, plan: CompressionPlan) -> GraphRecord:
         """``baseline``: the stock partition's saved values; ``saved``: after gact's own passes."""
-        return cls(index, compiler, config, tuple(_rows(index, saved, plan)), _compression_records(plan),
+        rows = _rows(index, saved, plan) + _rebuilt_rows(index, baseline, saved)
+        return cls(index, compiler, config, tuple(rows), _compression_records(plan),
                    activation_nbytes(baseline), activation_nbytes(saved, (SavedKind.PARAMETER_COPY,)))
 
     @property

@@ -42,6 +42,11 @@ _SKIP_REASONS = {
 }
 
 
+# Forward node meta left by ``passes.affine``: on a carrier, the elements of the saved
+# tensors rebuilt from it; on a tensor no longer saved, the name of its carrier.
+CARRIES = "gact_carries"
+REBUILT_FROM = "gact_rebuilt_from"
+
 @dataclass(frozen=True)
 class Layout:
     """Hinted sizes and strides of a tensor, and the dimension order that makes it dense."""
@@ -123,6 +128,7 @@ class Compression:
     floor: int = 1  # the fewest bits its use allows (``PlanOptions.nonlinear_bits`` for exponential uses)
     bits_reason: str = ""  # why it has its bits (``assign_bits``)
     dense_perm: tuple[int, ...] | None = None  # the source's own dense order, where ``perm`` differs from it
+    carried_numel: int = 0  # elements of saved tensors the backward rebuilds from it (``passes.affine``)
 
     @property
     def name(self) -> str:
@@ -237,6 +243,7 @@ class _Planner:
                 bytes_after=after,
                 use=use,
                 floor=floor,
+                carried_numel=sum(value.node.meta.get(CARRIES, 0) for value, _ in members),
             )
         )
 

@@ -1,0 +1,209 @@
+"""Rebuild in the backward the saved tensors that are affine in another saved tensor.
+
+A pre-norm transformer saves LayerNorm's normalised input ``x_hat`` (for LayerNorm's
+backward) and also its output ``x_hat * weight + bias`` (for the next linear layer's
+weight gradient): two tensors of one size, rounded apart, each at the budget's bits.
+The second is a few elementwise ops away from the first. ``recompute_affine`` stops
+saving it and replays those ops in the backward on the stored first one: the bytes of
+one tensor fewer, which adaptive bits then spend on the one that is left
+(the carrier's node meta ``CARRIES``, read by ``passes.plan``; the report lists the
+rebuilt tensor with its carrier, ``REBUILT_FROM``).
+
+Only ops that are affine in the carried tensor are replayed (views; add and sub of, and
+mul and div by, values that do not come from it), so that the rebuilt tensor stays an
+unbiased function of the rounded one: ``E[a * round(x) + b] = a * x + b``. The other
+operands must already reach the backward: saved tensors, parameters and buffers (saved
+in addition, at no cost), constants. Tensors the plan keeps exact are left alone, so
+32 bits stays bit-exact.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+from ..runtime.reference import FLOAT_DTYPES
+from .hoist import lossy_placeholders
+from .plan import CARRIES, REBUILT_FROM
+from .saved import SavedGraph, SavedKind
+from .section import SavedSection, finish, set_val
+
+log = logging.getLogger(__name__)
+
+aten = torch.ops.aten
+
+MAX_CHAIN = 16  # ops between the carrier and the rebuilt tensor
+
+_VIEWS = frozenset({
+    aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.permute.default, aten.transpose.int,
+    aten.t.default, aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default,
+    aten.clone.default, aten.alias.default, aten.slice.Tensor, aten.select.int, aten.expand.default,
+})
+_EITHER_SIDE = frozenset({aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor})  # affine in either argument
+_FIRST_ONLY = frozenset({aten.div.Tensor, aten.add.Scalar, aten.sub.Scalar, aten.mul.Scalar, aten.div.Scalar,
+                         aten.neg.default})  # affine in the first argument
+
+
+@dataclass(frozen=True)
+class _Rebuild:
+    position: int  # saved position of the tensor rebuilt
+    carrier: int  # saved position of the tensor it is rebuilt from
+    chain: tuple[fx.Node, ...]  # forward nodes from the carrier (excluded) to the rebuilt tensor
+    operands: frozenset[fx.Node]  # forward nodes the chain also reads
+
+
+def _numel(node) -> int | None:
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    if not isinstance(val, torch.Tensor):
+        return None
+    try:
+        return int(val.numel())
+    except (TypeError, RuntimeError):  # an unbacked size: not provably equal
+        return None
+
+
+class _Finder:
+    def __init__(self, saved: SavedGraph, static: set[fx.Node]) -> None:
+        self.saved_position = {v.node: v.position for v in saved.tensors}
+        self.static = static
+
+    def _operand_ok(self, node, depth: int = 0) -> bool:
+        """``node`` reaches the backward without the carrier: a constant, a saved tensor,
+        a parameter or buffer, a SymInt, or a view of one of those."""
+        if not isinstance(node, fx.Node):
+            return all(self._operand_ok(n, depth) for n in node) if isinstance(node, (list, tuple)) else True
+        if node in self.saved_position or node in self.static or not isinstance(node.meta.get("val"), torch.Tensor):
+            return True
+        return (depth < MAX_CHAIN and node.op == "call_function" and node.target in _VIEWS
+                and all(self._operand_ok(a, depth + 1) for a in node.args))
+
+    def trace(self, node: fx.Node, numel: int) -> tuple[int, list[fx.Node], set[fx.Node]] | None:
+        """``(carrier position, chain, operands)`` if ``node`` is affine in one saved tensor."""
+        chain: list[fx.Node] = []
+        operands: set[fx.Node] = set()
+        while len(chain) < MAX_CHAIN:
+            if chain and node in self.saved_position:
+                return self.saved_position[node], chain[::-1], operands
+            if node.op != "call_function" or node.kwargs and node.target not in _VIEWS or _numel(node) != numel:
+                return None
+            tensors = [a for a in node.args if isinstance(a, fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)]
+            if node.target in _VIEWS or node.target in _FIRST_ONLY:
+                sides = [node.args[0]]
+            elif node.target in _EITHER_SIDE:
+                sides = [a for a in node.args[:2] if isinstance(a, fx.Node)]
+            else:
+                return None
+            carrier = next(
+                (a for a in sides if _numel(a) == numel
+                 and all(self._operand_ok(o) for o in node.args if o is not a)),
+                None,
+            )
+            if carrier is None or sum(1 for t in tensors if t is carrier) != 1:
+                return None
+            chain.append(node)
+            operands |= {t for t in tensors if t is not carrier}
+            node = carrier
+        return None
+
+
+def _view_roots(node: fx.Node) -> set[fx.Node]:
+    """``node`` and, through views, the nodes it reads."""
+    roots, stack = set(), [node]
+    while stack:
+        n = stack.pop()
+        if n not in roots:
+            roots.add(n)
+            if n.op == "call_function" and n.target in _VIEWS:
+                stack.extend(a for a in n.all_input_nodes)
+    return roots
+
+
+def find_rebuilds(saved: SavedGraph, quantized: Collection[int] | None, static: set[fx.Node]) -> list[_Rebuild]:
+    """The lossy saved tensors to rebuild, none of them the carrier or an operand of another."""
+    finder = _Finder(saved, static)
+    lossy = lossy_placeholders(saved, quantized)
+    found: list[_Rebuild] = []
+    for value in saved.tensors:
+        numel = _numel(value.node)
+        if value.bw_placeholder not in lossy or value.kind is not SavedKind.INTERMEDIATE or not numel:
+            continue
+        traced = finder.trace(value.node, numel)
+        if traced is None:
+            continue
+        carrier, chain, operands = traced
+        carrier_node = saved.values[carrier].node
+        reads = set().union(*(_view_roots(o) for o in operands)) if operands else set()
+        if carrier_node in reads or saved.values[carrier].val.dtype not in FLOAT_DTYPES:
+            continue  # the carrier twice: no longer affine
+        found.append(_Rebuild(value.position, carrier, tuple(chain), frozenset(reads)))
+    kept: list[_Rebuild] = []
+    dropped: set[int] = set()
+    needed: set[int] = set()
+    for rebuild in found:
+        reads = {finder.saved_position[n] for n in rebuild.operands if n in finder.saved_position}
+        if rebuild.carrier in dropped or reads & dropped or rebuild.position in needed:
+            continue
+        kept.append(rebuild)
+        dropped.add(rebuild.position)
+        needed |= reads | {rebuild.carrier}
+    return kept
+
+
+def recompute_affine(
+    fw: fx.GraphModule,
+    bw: fx.GraphModule,
+    saved: SavedGraph,
+    quantized: Collection[int] | None = None,
+    static: Collection[fx.Node] = (),
+) -> int:
+    """Rewrite in place; returns the number of saved tensors now rebuilt in the backward.
+    ``quantized``: the positions the plan will store lossy; ``static``: the forward's
+    parameter and buffer placeholders."""
+    rebuilds = find_rebuilds(saved, quantized, set(static))
+    if not rebuilds:
+        return 0
+    section = SavedSection(fw, bw, saved)
+    in_backward = {v.node: v.bw_placeholder for v in saved.tensors}
+
+    def backward_of(node):
+        if isinstance(node, (list, tuple)):
+            return type(node)(backward_of(n) for n in node)
+        if not isinstance(node, fx.Node):
+            return node
+        if node not in in_backward:
+            val = node.meta.get("val")
+            if isinstance(val, torch.SymInt):
+                return section.symint(node)
+            if node.op != "placeholder":  # a view of what reaches the backward, copied where it is needed
+                copy = bw.graph.node_copy(node, backward_of)
+                set_val(copy, val)
+                return copy
+            in_backward[node] = section.add_tensor(node)  # a parameter or buffer: held by the model anyway
+        return in_backward[node]
+
+    for rebuild in rebuilds:
+        entry = section.entry(rebuild.position)
+        placeholder = entry.bw_placeholder
+        first_user = next(n for n in bw.graph.nodes if n in placeholder.users)
+        carrier = saved.values[rebuild.carrier]
+        with bw.graph.inserting_before(first_user):
+            node = carrier.bw_placeholder
+            local = {carrier.node: node}
+            for fw_node in rebuild.chain:
+                node = bw.graph.node_copy(fw_node, lambda n: local[n] if n in local else backward_of(n))
+                set_val(node, fw_node.meta["val"])
+                node.meta["gact"] = {"role": "rebuilt", "source": saved.values[rebuild.position].node.name}
+                local[fw_node] = node
+        placeholder.replace_all_uses_with(node)
+        section.drop_tensor(rebuild.position)
+        carrier.node.meta[CARRIES] = carrier.node.meta.get(CARRIES, 0) + _numel(entry.fw_node)
+        entry.fw_node.meta[REBUILT_FROM] = carrier.node.name
+        log.debug("gact: %s rebuilt in the backward from %s (%d ops)", entry.fw_node.name, carrier.node.name,
+                  len(rebuild.chain))
+    section.commit()
+    finish(fw, bw, saved.num_fwd_outputs)
+    return len(rebuilds)
