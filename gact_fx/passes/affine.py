@@ -126,10 +126,13 @@ def find_rebuilds(saved: SavedGraph, quantized: Collection[int] | None, static: 
     """The lossy saved tensors to rebuild, none of them the carrier or an operand of another."""
     finder = _Finder(saved, static)
     lossy = lossy_placeholders(saved, quantized)
+    viewed = {v.path.root for v in saved.tensors if v.path is not None and v.path.is_view}  # storage still held
     found: list[_Rebuild] = []
     for value in saved.tensors:
         numel = _numel(value.node)
         if value.bw_placeholder not in lossy or value.kind is not SavedKind.INTERMEDIATE or not numel:
+            continue
+        if value.node in viewed:
             continue
         traced = finder.trace(value.node, numel)
         if traced is None:
