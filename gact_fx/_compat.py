@@ -52,6 +52,12 @@ def hint(value) -> int:
     return int(_HINT(value, fallback=8192)) if isinstance(value, torch.SymInt) else int(value)
 
 
+def provably_equal(a, b) -> bool:
+    """``a == b`` for ints or SymInts, true only when it holds for every size the shape
+    environment allows; decided without a guard, so a dynamic dimension stays dynamic."""
+    return _symbolic_shapes.statically_known_true(_symbolic_shapes.sym_eq(a, b))
+
+
 def unbacked_bindings(fake_mode, val):
     """``meta["unbacked_bindings"]`` for a node whose value has data-dependent sizes."""
     from torch.fx.experimental.symbolic_shapes import compute_unbacked_bindings
@@ -408,6 +414,8 @@ def _compiled_function_metadata() -> object:
 
 CONTRACTS: tuple[Contract, ...] = (
     Contract("symbolic_shapes.optimization_hint (2.12+), size_hint (2.11) or hint_int (2.10)", lambda: _HINT),
+    Contract("symbolic_shapes.statically_known_true and sym_eq",
+             lambda: (_symbolic_shapes.statically_known_true, _symbolic_shapes.sym_eq)),
     Contract("symbolic_shapes.compute_unbacked_bindings",
              _attribute("torch.fx.experimental.symbolic_shapes", "compute_unbacked_bindings")),
     Contract("ShapeEnvSettings.allow_dynamic_output_shape_ops",

@@ -27,6 +27,7 @@ import torch
 import torch.fx as fx
 
 from ..runtime.reference import FLOAT_DTYPES
+from .._compat import hint, provably_equal
 from .hoist import lossy_placeholders
 from .plan import CARRIES, REBUILT_FROM
 from .saved import SavedGraph, SavedKind
@@ -56,14 +57,17 @@ class _Rebuild:
     operands: frozenset[fx.Node]  # forward nodes the chain also reads
 
 
-def _numel(node) -> int | None:
+def _numel(node) -> int | torch.SymInt | None:
+    """The element count, symbolic under dynamic shapes (never made concrete: that would
+    add a guard and specialise a dynamic dimension)."""
     val = node.meta.get("val") if isinstance(node, fx.Node) else None
-    if not isinstance(val, torch.Tensor):
-        return None
-    try:
-        return int(val.numel())
-    except (TypeError, RuntimeError):  # an unbacked size: not provably equal
-        return None
+    return val.numel() if isinstance(val, torch.Tensor) else None
+
+
+def _same_numel(node, numel) -> bool:
+    """``node`` provably holds ``numel`` elements, decided without a guard."""
+    other = _numel(node)
+    return other is not None and provably_equal(other, numel)
 
 
 class _Finder:
@@ -81,14 +85,14 @@ class _Finder:
         return (depth < MAX_CHAIN and node.op == "call_function" and node.target in _VIEWS
                 and all(self._operand_ok(a, depth + 1) for a in node.args))
 
-    def trace(self, node: fx.Node, numel: int) -> tuple[int, list[fx.Node], set[fx.Node]] | None:
+    def trace(self, node: fx.Node, numel) -> tuple[int, list[fx.Node], set[fx.Node]] | None:
         """``(carrier position, chain, operands)`` if ``node`` is affine in one saved tensor."""
         chain: list[fx.Node] = []
         operands: set[fx.Node] = set()
         while len(chain) < MAX_CHAIN:
             if chain and node in self.saved_position:
                 return self.saved_position[node], chain[::-1], operands
-            if node.op != "call_function" or node.kwargs and node.target not in _VIEWS or _numel(node) != numel:
+            if node.op != "call_function" or node.kwargs and node.target not in _VIEWS or not _same_numel(node, numel):
                 return None
             tensors = [a for a in node.args if isinstance(a, fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)]
             if node.target in _VIEWS or node.target in _FIRST_ONLY:
@@ -98,7 +102,7 @@ class _Finder:
             else:
                 return None
             carrier = next(
-                (a for a in sides if _numel(a) == numel
+                (a for a in sides if _same_numel(a, numel)
                  and all(self._operand_ok(o) for o in node.args if o is not a)),
                 None,
             )
@@ -130,7 +134,7 @@ def find_rebuilds(saved: SavedGraph, quantized: Collection[int] | None, static: 
     found: list[_Rebuild] = []
     for value in saved.tensors:
         numel = _numel(value.node)
-        if value.bw_placeholder not in lossy or value.kind is not SavedKind.INTERMEDIATE or not numel:
+        if value.bw_placeholder not in lossy or value.kind is not SavedKind.INTERMEDIATE or numel is None:
             continue
         if value.node in viewed:
             continue
@@ -203,7 +207,7 @@ def recompute_affine(
                 local[fw_node] = node
         placeholder.replace_all_uses_with(node)
         section.drop_tensor(rebuild.position)
-        carrier.node.meta[CARRIES] = carrier.node.meta.get(CARRIES, 0) + _numel(entry.fw_node)
+        carrier.node.meta[CARRIES] = carrier.node.meta.get(CARRIES, 0) + hint(_numel(entry.fw_node))
         entry.fw_node.meta[REBUILT_FROM] = carrier.node.name
         log.debug("gact: %s rebuilt in the backward from %s (%d ops)", entry.fw_node.name, carrier.node.name,
                   len(rebuild.chain))

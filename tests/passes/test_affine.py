@@ -126,3 +126,21 @@ def test_rebuilt_tensors_keep_2_bits_unbiased():
     exact = squared_loss_grad(model, X)
     single = sum(relative_error(d, exact) for d in draws) / len(draws)
     assert relative_error(torch.stack(draws).mean(0), exact) <= 1.5 * single / len(draws) ** 0.5
+
+
+def test_a_dynamic_batch_is_rebuilt_without_specialising_it():
+    """The pass compares symbolic sizes without a guard: one graph serves every batch."""
+    torch._dynamo.reset()
+    backend = gact_fx.backend(compiler="eager", min_numel=0, bits=8)
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    model = pre_norm()
+    step = torch.compile(model, backend=backend, fullgraph=True, dynamic=True)
+    for batch in (256, 96, 160):
+        x = X[:batch].clone()  # not a view: a view's base size would be guarded on
+        model.zero_grad(set_to_none=True)
+        step(x).pow(2).sum().backward()
+        grad = torch.cat([p.grad.flatten() for p in model.parameters()])
+        assert relative_error(grad, squared_loss_grad(pre_norm(), x)) < 2e-2
+    assert counters["stats"]["unique_graphs"] == 1
+    assert [r for r in backend.report().rows if r.stored.startswith("rebuilt in the backward from ")]
