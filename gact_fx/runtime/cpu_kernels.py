@@ -106,9 +106,11 @@ inline float half_to_float(uint16_t h) {  // exact, for machines without F16C
 }
 
 inline f8 load8(const float* p) { f8 a; std::memcpy(&a, p, sizeof(a)); return a; }
-inline f8 load8(const bf16* p) {
+typedef uint16_t h16 __attribute__((vector_size(32)));
+inline f8 load8(const bf16* p) {  // each bfloat16 the high half of a float: one unpack with zeros
   h8 raw; std::memcpy(&raw, p, sizeof(raw));
-  return (f8)(__builtin_convertvector(raw, u8) << 16);
+  const h8 zeros = {0, 0, 0, 0, 0, 0, 0, 0};
+  return (f8)__builtin_shufflevector(zeros, raw, 0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
 }
 inline f8 load8(const f16* p) {
 #if defined(__F16C__)
@@ -156,6 +158,30 @@ inline GroupWords group_words(int L, float lo, float hi, bool flagged, bool has_
   const float used = flagged ? float_of(rounded) : scale;
   const bool poison = has_nan || (flagged && kind_low != kind_high) || (flagged && top == 0 && hi > lo);
   return GroupWords{lo, used, poison ? NAN : (flagged ? -used : used), top, poison};
+}
+
+typedef uint8_t b16 __attribute__((vector_size(16)));
+typedef uint8_t b32 __attribute__((vector_size(32)));
+
+// The codes of sixteen consecutive elements (0..top, one per 32-bit lane of two vectors),
+// packed into 16 * BITS / 8 bytes at ``out``: element k in bits k * BITS of a little-endian word.
+template <int BITS>
+inline void store_codes16(uint8_t* out, i8 first, i8 second) {
+  if constexpr (BITS == 8) {  // the low byte of each lane, in two byte shuffles
+    const b32 a = (b32)first, b = (b32)second;
+    const b16 bytes = __builtin_shufflevector(a, b, 0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60);
+    std::memcpy(out, &bytes, 16);
+  } else if constexpr (BITS == 4) {  // two 32-bit words, or-reduced side by side
+    u8 t = (u8)first << (LANES * 4), w = (u8)second << (LANES * 4);
+    t = __builtin_shufflevector(t, w, 0, 1, 2, 3, 8, 9, 10, 11) | __builtin_shufflevector(t, w, 4, 5, 6, 7, 12, 13, 14, 15);
+    t |= __builtin_shufflevector(t, t, 2, 3, 0, 1, 6, 7, 4, 5);
+    t |= __builtin_shufflevector(t, t, 1, 0, 3, 2, 5, 4, 7, 6);
+    const uint32_t words[2] = {t[0], t[4]};
+    std::memcpy(out, words, 8);
+  } else {  // 2 bits: one 32-bit word; 1 bit: its low 16 bits
+    const uint32_t word = or_lanes(((u8)first << (LANES * BITS)) | ((u8)second << (LANES * BITS + 8 * BITS)));
+    std::memcpy(out, &word, 16 * BITS / 8);
+  }
 }
 
 // One group of ``group`` elements at ``src`` (element ``base`` of the tensor): two passes
@@ -220,6 +246,24 @@ void encode_group(const T* src, uint64_t base, int64_t g, int64_t group, int64_t
   }
 
   const f8 lo_half = splat(lo * 0.5f), used_half = splat(used * 0.5f), ceiling = splat((float)top), zero = splat(0.0f);
+  const auto code_of = [&](f8 a, f8 u) {
+    // clamp(floor(t), 0, top) as clamp(t, 0, top) then truncation: equal for every t, NaN -> 0
+    f8 t = (a * 0.5f - lo_half) / used_half + u;
+    t = t > zero ? t : zero;
+    t = t < ceiling ? t : ceiling;
+    const i8 code = __builtin_convertvector(t, i8);
+    return flagged ? (special8(a, extreme) ? splat_i(L) : code) : code;  // only such a group has elements to mark
+  };
+  if ((base & 15) == 0 && (group & 15) == 0) {
+    // The common case: sixteen elements at a time, whole pairs of one vector of hashes,
+    // with no branch on where a pair starts.
+    for (int64_t j = 0; j < group; j += 16) {
+      const u8 hashes = pair_hash8(base + j, key);
+      store_codes16<BITS>(codes + j * BITS / 8, code_of(load8(src + j), uniforms(hashes, false)),
+                          code_of(load8(src + j + 8), uniforms(hashes, true)));
+    }
+    return;
+  }
   // Codes of up to 32 / (8 * BITS) vectors of eight are gathered into one 32-bit word.
   constexpr int VECTORS = BITS == 8 ? 1 : 4 / BITS;
   u8 hashes = splat_u(0);
@@ -233,13 +277,7 @@ void encode_group(const T* src, uint64_t base, int64_t g, int64_t group, int64_t
     // the noise: one vector of hashes serves this vector and the next
     const uint64_t index = base + j;
     if ((index & ~(uint64_t)15) != hashed) { hashed = index & ~(uint64_t)15; hashes = pair_hash8(hashed, key); }
-    const f8 u = uniforms(hashes, index & 8);
-    // clamp(floor(t), 0, top) as clamp(t, 0, top) then truncation: equal for every t, NaN -> 0
-    f8 t = (a * 0.5f - lo_half) / used_half + u;
-    t = t > zero ? t : zero;
-    t = t < ceiling ? t : ceiling;
-    i8 code = __builtin_convertvector(t, i8);
-    if (flagged) code = special8(a, extreme) ? splat_i(L) : code;  // only such a group has elements to mark
+    const i8 code = code_of(a, uniforms(hashes, index & 8));
     if constexpr (BITS == 8) {
       const b8 bytes = __builtin_convertvector(code, b8);
       std::memcpy(codes + j, &bytes, 8);

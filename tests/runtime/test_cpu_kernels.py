@@ -53,7 +53,7 @@ def test_16_bit_decodes_round_ties_to_even_as_torch_converts(dtype):
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("bits", [1, 2, 8])
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
 def test_special_values_nan_and_poisoned_groups_match_the_reference(dtype, bits):
     x = sample(6 * 64, dtype)
     extreme = torch.finfo(dtype).max
@@ -93,9 +93,9 @@ def test_the_noise_of_indices_past_two_to_the_32_matches_the_reference(first):
     assert torch.equal(cpu_kernels.noise(key, first, 32), noise.uniform(key, index))
 
 
-@pytest.mark.parametrize("bits", [1, 2, 4])
-@pytest.mark.parametrize("group_size", [8, 24, 40])
-def test_groups_whose_codes_fill_part_of_a_word_match_the_reference(bits, group_size):
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+@pytest.mark.parametrize("group_size", [8, 24, 40, 48])
+def test_groups_of_any_multiple_of_eight_match_the_reference(bits, group_size):
     x = sample(10 * group_size + 3, torch.float32, seed=bits)
     key = noise.key_of(7, group_size)
     blob = cpu_kernels.quantize(x, bits, group_size, key=key)
