@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from ..runtime.reference import FLOAT_DTYPES
 from .._compat import hint, provably_equal
+from ..runtime.reference import FLOAT_DTYPES
 from .hoist import lossy_placeholders
 from .plan import CARRIES, REBUILT_FROM
 from .saved import SavedGraph, SavedKind

@@ -106,7 +106,6 @@ inline float half_to_float(uint16_t h) {  // exact, for machines without F16C
 }
 
 inline f8 load8(const float* p) { f8 a; std::memcpy(&a, p, sizeof(a)); return a; }
-typedef uint16_t h16 __attribute__((vector_size(32)));
 inline f8 load8(const bf16* p) {  // each bfloat16 the high half of a float: one unpack with zeros
   h8 raw; std::memcpy(&raw, p, sizeof(raw));
   const h8 zeros = {0, 0, 0, 0, 0, 0, 0, 0};
