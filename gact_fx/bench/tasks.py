@@ -1,10 +1,12 @@
-"""Real training tasks that run offline (``TASKS``): three classifications and a character LM.
+"""Real training tasks that run offline (``TASKS``): three classifications and two character LMs.
 
 * ``Mnist1dTask``: MNIST-1D generated on the spot (``mnist1d.data.make_dataset``), a
   three-layer 1-D CNN; metric: test accuracy.
 * ``CharLMTask``: a small pre-norm GPT trained on Python's own standard library sources
   (read from this interpreter's ``stdlib`` directory, bytes as tokens); metric:
   validation loss in nats per character.
+* ``CharLlamaTask``: the same data and metric, with a Llama from transformers (RMSNorm,
+  SiLU-gated MLP, rotary positions, grouped-query SDPA) in place of the GPT.
 * ``DigitsTask``: scikit-learn's bundled 8x8 digits, an MLP; metric: test accuracy.
 * ``KarateTask``: Zachary's karate club (bundled with PyG), a two-layer GCN; metric:
   test accuracy (on the nodes held out of training).
@@ -177,6 +179,29 @@ class CharLMTask:
         return sum(losses) / len(losses)
 
 
+class _Logits(nn.Module):
+    """A transformers causal LM taking token ids and returning its logits."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens):
+        return self.model(input_ids=tokens).logits
+
+
+class CharLlamaTask(CharLMTask):
+    name = "char-llama"
+
+    def model(self) -> nn.Module:
+        import transformers as T
+
+        config = T.LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
+                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=self.context,
+                               attn_implementation="sdpa")
+        return _Logits(T.LlamaForCausalLM(config))
+
+
 class DigitsTask(_TensorClassification):
     """sklearn's bundled 8x8 digits, an MLP."""
 
@@ -234,7 +259,8 @@ class KarateTask:
         return (model(self.x, self.edge_index).argmax(1)[held_out] == self.y[held_out]).float().mean().item()
 
 
-TASKS = {"mnist1d": Mnist1dTask, "digits": DigitsTask, "charlm": CharLMTask, "karate": KarateTask}
+TASKS = {"mnist1d": Mnist1dTask, "digits": DigitsTask, "charlm": CharLMTask, "charlm-llama": CharLlamaTask,
+         "karate": KarateTask}
 
 
 def lr_scale(step: int, steps: int, warmup: int = 50) -> float:
