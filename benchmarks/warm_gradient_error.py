@@ -1,0 +1,98 @@
+"""One draw's gradient error, and the bias, on a character LM after a short fp32 warm-up.
+
+Trains a convergence task's model (``charlm``: the GPT, ``charlm-llama``: the Llama)
+in fp32 for ``--warmup`` steps, then takes one batch's exact gradient and ``--draws``
+compressed ones per configuration: the mean relative error of one draw, and the error
+of their mean against the averaging floor (one draw's error / sqrt(draws); about 1 when
+the gradient is unbiased). Adaptive levels first probe every tensor (two calls, not
+counted). CPU, eager path, 1 thread. Prints a Markdown table.
+
+    python benchmarks/warm_gradient_error.py --task charlm-llama
+    python benchmarks/warm_gradient_error.py --task charlm --configs "uniform 2" "L2.2"
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import pathlib
+import sys
+
+import torch
+
+import gact_fx
+from gact_fx.bench.tasks import TASKS
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from tests.helpers import flat_grad, relative_error  # noqa: E402
+
+_PROBE_ALL = {"probe_tensors": 10_000, "adapt_interval": 10**6}  # every tensor measured once, then frozen
+CONFIGS = {
+    "uniform 4": {"bits": 4},
+    "uniform 2": {"bits": 2},
+    "uniform 2, feature groups": {"bits": 2, "feature_groups": True},
+    "L2.1": {"level": "L2.1", **_PROBE_ALL},
+    "L2.2": {"level": "L2.2", **_PROBE_ALL},
+    "L2.2, feature groups": {"level": "L2.2", "feature_groups": True, **_PROBE_ALL},
+    "L2.2, no rebuilt tensors": {"level": "L2.2", "recompute_affine": False, **_PROBE_ALL},
+}
+
+
+def warm_model(task, steps: int):
+    torch.manual_seed(0)
+    model = task.model()
+    optimizer = task.optimizer(model)
+    generator = torch.Generator().manual_seed(0)
+    for step in range(steps):
+        (tokens,), targets = task.batch(step, generator)
+        optimizer.zero_grad()
+        task.loss(model(tokens), targets).backward()
+        optimizer.step()
+    return model, task.batch(steps, generator)
+
+
+def draws(model, batch, loss, options: dict, count: int):
+    (tokens,), targets = batch
+    torch._dynamo.reset()
+    model = copy.deepcopy(model)
+    backend = gact_fx.backend(compiler="eager", **options)
+    step = torch.compile(model, backend=backend)
+    skip = 2 if "level" in options else 0
+    grads = []
+    for index in range(skip + count):
+        model.zero_grad(set_to_none=True)
+        loss(step(tokens), targets).backward()
+        if index >= skip:
+            grads.append(flat_grad(model))
+    return grads, backend.report()
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", choices=["charlm", "charlm-llama"], default="charlm")
+    parser.add_argument("--warmup", type=int, default=300)
+    parser.add_argument("--draws", type=int, default=6)
+    parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    task = TASKS[args.task]()
+    print(f"{args.task}: {args.warmup} fp32 steps ...", file=sys.stderr, flush=True)
+    model, batch = warm_model(task, args.warmup)
+    (tokens,), targets = batch
+    model.zero_grad(set_to_none=True)
+    task.loss(model(tokens), targets).backward()
+    exact = flat_grad(model)
+    print("| configuration | one draw's error | mean's error / averaging floor | activations vs fp32 |")
+    print("| --- | --- | --- | --- |")
+    for name in args.configs:
+        print(f"  {name} ...", file=sys.stderr, flush=True)
+        grads, report = draws(model, batch, task.loss, CONFIGS[name], args.draws)
+        single = sum(relative_error(g, exact) for g in grads) / len(grads)
+        floor = single / len(grads) ** 0.5
+        ratio = report.activation_bytes_before / max(1, report.activation_bytes_after)
+        print(f"| {name} | {single:.3f} | {relative_error(torch.stack(grads).mean(0), exact) / floor:.2f} | "
+              f"{ratio:.1f}x smaller |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
