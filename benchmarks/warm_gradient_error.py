@@ -14,7 +14,6 @@ counted). CPU, eager path, 1 thread. Prints a Markdown table.
 from __future__ import annotations
 
 import argparse
-import copy
 import pathlib
 import sys
 
@@ -24,7 +23,7 @@ import gact_fx
 from gact_fx.bench.tasks import TASKS
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-from tests.helpers import flat_grad, relative_error  # noqa: E402
+from tests.helpers import flat_grad, loss_draws, relative_error  # noqa: E402
 
 _PROBE_ALL = {"probe_tensors": 10_000, "adapt_interval": 10**6}  # every tensor measured once, then frozen
 CONFIGS = {
@@ -53,17 +52,9 @@ def warm_model(task, steps: int):
 
 def draws(model, batch, loss, options: dict, count: int):
     (tokens,), targets = batch
-    torch._dynamo.reset()
-    model = copy.deepcopy(model)
     backend = gact_fx.backend(compiler="eager", **options)
-    step = torch.compile(model, backend=backend)
     skip = 2 if "level" in options else 0
-    grads = []
-    for index in range(skip + count):
-        model.zero_grad(set_to_none=True)
-        loss(step(tokens), targets).backward()
-        if index >= skip:
-            grads.append(flat_grad(model))
+    grads = loss_draws(model, (tokens,), lambda output: loss(output, targets), backend, count, warmup=skip)
     return grads, backend.report()
 
 

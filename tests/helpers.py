@@ -143,6 +143,22 @@ def one_gact_step(model: nn.Module, x: torch.Tensor, compiler: str = "eager", **
     return compressions, flat_grad(model)
 
 
+def loss_draws(model: nn.Module, inputs, loss_fn, backend, draws: int, warmup: int = 0) -> list[torch.Tensor]:
+    """Gradients of ``loss_fn(model(*inputs))`` from ``draws`` steps through one full-graph
+    compile with ``backend``, after ``warmup`` steps not kept (an adaptive backend's
+    probes), on a copy of ``model``."""
+    torch._dynamo.reset()
+    model = copy.deepcopy(model)
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    result = []
+    for index in range(warmup + draws):
+        model.zero_grad(set_to_none=True)
+        loss_fn(compiled(*inputs)).backward()
+        if index >= warmup:
+            result.append(flat_grad(model))
+    return result
+
+
 def gact_draws(model: nn.Module, x: torch.Tensor, draws: int, compiler: str = "eager", **options):
     """Gradients of ``model(x).pow(2).sum()`` from ``draws`` steps through one gact
     compile (fresh rounding noise in each), on a copy of ``model``."""

@@ -23,7 +23,7 @@ import torch
 import gact_fx
 from gact_fx.bench.tasks import CharGPT, CharLMTask
 
-from .helpers import flat_grad, projection_loss, relative_error
+from .helpers import loss_draws, projection_loss, relative_error
 from .models.families import family
 
 DRAWS = 16
@@ -55,16 +55,7 @@ def case(name):
 
 
 def gradients(model, inputs, loss_fn, options, draws, warmup=0):
-    torch._dynamo.reset()
-    model = copy.deepcopy(model)
-    compiled = torch.compile(model, backend=gact_fx.backend(**options), fullgraph=True)
-    result = []
-    for index in range(warmup + draws):
-        model.zero_grad(set_to_none=True)
-        loss_fn(compiled(*inputs)).backward()
-        if index >= warmup:
-            result.append(flat_grad(model))
-    return result
+    return loss_draws(model, inputs, loss_fn, gact_fx.backend(**options), draws, warmup)
 
 
 def mean_over_floor(name, options) -> float:

@@ -25,6 +25,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .zoo import _Hidden
+
 
 class CNN1d(nn.Module):
     def __init__(self, channels: int = 64, length: int = 40):
@@ -179,17 +181,6 @@ class CharLMTask:
         return sum(losses) / len(losses)
 
 
-class _Logits(nn.Module):
-    """A transformers causal LM taking token ids and returning its logits."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, tokens):
-        return self.model(input_ids=tokens).logits
-
-
 class CharLlamaTask(CharLMTask):
     name = "char-llama"
 
@@ -199,7 +190,7 @@ class CharLlamaTask(CharLMTask):
         config = T.LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
                                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=self.context,
                                attn_implementation="sdpa")
-        return _Logits(T.LlamaForCausalLM(config))
+        return _Hidden(T.LlamaForCausalLM(config), "logits", "input_ids")
 
 
 class DigitsTask(_TensorClassification):
