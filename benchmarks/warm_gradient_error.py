@@ -34,6 +34,9 @@ CONFIGS = {
     "L2.2": {"level": "L2.2", **_PROBE_ALL},
     "L2.2, feature groups": {"level": "L2.2", "feature_groups": True, **_PROBE_ALL},
     "L2.2, no rebuilt tensors": {"level": "L2.2", "recompute_affine": False, **_PROBE_ALL},
+    "L2.2, relative metric": {"level": "L2.2", "gradient_metric": "relative", **_PROBE_ALL},
+    "L2.2, feature groups, relative metric": {"level": "L2.2", "feature_groups": True, "gradient_metric": "relative",
+                                              **_PROBE_ALL},
 }
 
 

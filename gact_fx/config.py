@@ -21,6 +21,7 @@ from .runtime import format as fmt
 COMPILERS = ("auto", "inductor", "eager")
 LOWERINGS = ("auto", "op", "aten")
 PARTITIONERS = ("min_cut", "default")
+GRADIENT_METRICS = ("relative", "absolute")
 LEVELS = {
     # GACT's names. L0: off; L1.x: uniform bits; L2.x: adaptive at an average number of bits.
     "L0": {"enabled": False},
@@ -62,6 +63,15 @@ class GactConfig:
     probe_tensors: int = 16
     """Adaptive mode: tensors measured per probe step (in rotation): bounds the probe's
     cost (one extra backward each) and the exact copies it keeps."""
+
+    gradient_metric: str = "absolute"
+    """Adaptive mode: the gradient error the bits minimise. 'absolute' (the default) is
+    GACT's total squared error, what plain SGD's step carries, in which the parameters
+    with the largest gradients dominate. 'relative' weighs each parameter's error by its
+    element count over its squared gradient norm: the noise an Adam-type optimiser's
+    update carries (it divides each gradient by its running RMS). On a Llama char LM at
+    L2.2 it ended closer to fp32 (+3.7% against +5.2%, one seed; BENCHMARKS.md); not yet
+    measured on the other tasks, hence not the default."""
 
     overrides: tuple[tuple[str, int], ...] = ()
     """Per-tensor bits: ``{pattern: bits}`` (given as a dict), fnmatch patterns over tensor
@@ -178,6 +188,8 @@ class GactConfig:
             raise ValueError("lowering='aten' is for Inductor to fuse; it needs compiler='inductor' or 'auto'")
         if self.lowering == "aten" and self.avg_bits is not None:
             raise ValueError("lowering='aten' needs bits fixed at compile time; adaptive bits (avg_bits) use lowering='op'")
+        if self.gradient_metric not in GRADIENT_METRICS:
+            raise ValueError(f"gradient_metric must be one of {GRADIENT_METRICS}, got {self.gradient_metric!r}")
         if self.partitioner not in PARTITIONERS:
             raise ValueError(f"partitioner must be one of {PARTITIONERS}, got {self.partitioner!r}")
         if self.offload and not _compat.has_activation_offloading():

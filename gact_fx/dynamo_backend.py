@@ -191,6 +191,7 @@ def _controller_settings(config: GactConfig) -> ControllerSettings:
         adapt_interval=config.adapt_interval,
         probe_bits=config.probe_bits,
         probe_tensors=config.probe_tensors,
+        gradient_metric=config.gradient_metric,
     )
 
 

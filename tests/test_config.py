@@ -25,6 +25,7 @@ def test_defaults_are_valid_and_frozen():
         ({"min_numel": -1}, "min_numel must be >= 0"),
         ({"compiler": "tvm"}, "compiler must be one of"),
         ({"partitioner": "greedy"}, "partitioner must be one of"),
+        ({"gradient_metric": "adam"}, "gradient_metric must be one of"),
         ({"enabled": 1}, "enabled must be bool"),
         ({"feature_groups": "yes"}, "feature_groups must be bool"),
         ({"bitz": 4}, r"unknown gact option\(s\) \['bitz'\]; allowed options are"),

@@ -11,6 +11,7 @@ from torch._dynamo.utils import counters
 import gact_fx
 from gact_fx.allocation import quantization_variance
 from gact_fx.config import GactConfig
+from gact_fx.controller import error_weights, weighted_error
 from gact_fx.runtime.format import RUNTIME_BITS
 
 from .helpers import compiled_grads, flat_grad, model_case, projection_loss
@@ -72,20 +73,28 @@ def test_adaptation_respects_the_budget_logs_and_never_recompiles(caplog):
     assert all(rows[t.slot] == t.bits for t in region.tensors)  # the report shows the bits in force
 
 
-def test_the_estimator_ranks_tensors_like_the_brute_force_definition():
+@pytest.mark.parametrize("metric", ["absolute", "relative"])
+def test_the_estimator_ranks_tensors_like_the_brute_force_definition(metric):
     model, inputs = model_case("block")
     # Without rebuilt tensors (``passes.affine``), which exist only where both tensors are
     # lossy: the brute force quantizes one tensor alone.
-    backend = gact_fx.backend(avg_bits=2, probe_tensors=100, recompute_affine=False)
+    backend = gact_fx.backend(avg_bits=2, probe_tensors=100, recompute_affine=False, gradient_metric=metric)
     compiled_grads(model, inputs, backend)
     estimated = backend.controller.sensitivities()
+    # the weight of each parameter's squared error: 1, or its element count over its
+    # squared exact gradient norm (normalised over all elements)
+    (exact,), _ = compiled_grads(model, inputs, gact_fx.backend(enabled=False))
+    sizes = [p.numel() for p in model.parameters()]
+    parts = exact.split(sizes)
+    weights = torch.cat([torch.full((n,), 1.0 if metric == "absolute" else n / float(part.square().sum()) / sum(sizes))
+                         for n, part in zip(sizes, parts)])
     brute_force = {}
-    for name in estimated:  # E||g(s) - g(s')||^2 / (2 S(2)), only this tensor quantized
+    for name in estimated:  # E||g(s) - g(s')||^2_w / (2 S(2)), only this tensor quantized
         torch._dynamo.reset()
         one = gact_fx.backend(bits=32, overrides={name: 2}, recompute_affine=False)
         draws, _ = compiled_grads(model, inputs, one, steps=5)
         pairs = list(itertools.combinations(draws, 2))
-        squared = sum(float(((a - b) ** 2).sum()) for a, b in pairs) / len(pairs)
+        squared = sum(float((weights * (a - b) ** 2).sum()) for a, b in pairs) / len(pairs)
         brute_force[name] = squared / (2 * quantization_variance(2))
     assert spearman(estimated, brute_force) >= 0.9
     for name in estimated:
@@ -272,3 +281,17 @@ def test_a_jump_of_the_gradient_norm_measures_again(caplog):
     (region,) = backend.controller.regions.values()
     jumps = [m for m in caplog.messages if "gradient norm of graph 0 jumped" in m]
     assert len(jumps) == 1 and region.adaptations == 2  # the first measurement, then at once after the jump
+
+
+def test_the_relative_metric_is_each_parameters_error_against_its_own_scale():
+    exact = [torch.tensor([3.0, 4.0]), torch.tensor([0.03, 0.04, 0.0]), torch.zeros(5), None]
+    noisy = [torch.tensor([3.0, 5.0]), torch.tensor([0.03, 0.05, 0.0]), torch.ones(5), torch.ones(2)]
+    absolute = weighted_error(noisy, exact, error_weights(exact, "absolute"))
+    assert absolute == pytest.approx(1 + 1e-4 + 5 + 2)
+    # both have a relative squared error of 1/25: weighted by their 2 and 3 elements of 5;
+    # a parameter whose exact gradient is zero (or absent) has no scale and weighs nothing
+    relative = weighted_error(noisy, exact, error_weights(exact, "relative"))
+    assert relative == pytest.approx((2 / 5) / 25 + (3 / 5) / 25)
+    scaled = [g * 1e3 for g in exact[:2]] + exact[2:]
+    assert weighted_error([g * 1e3 for g in noisy[:2]] + noisy[2:], scaled,
+                          error_weights(scaled, "relative")) == pytest.approx(relative)

@@ -31,6 +31,9 @@ METHODS = {
     "L1, feature groups": {"level": "L1", "feature_groups": True},
     "L1.2, feature groups": {"level": "L1.2", "feature_groups": True},
     "L2.2, feature groups": {"level": "L2.2", "feature_groups": True},
+    # each parameter's gradient error against its own scale (gradient_metric='relative')
+    "L2.2, relative metric": {"level": "L2.2", "gradient_metric": "relative"},
+    "L2.2, feature groups, relative metric": {"level": "L2.2", "feature_groups": True, "gradient_metric": "relative"},
 }  # gact options by level, for benchmarks/convergence.py
 
 
