@@ -47,7 +47,7 @@ from . import _compat
 from .allocation import AllocationProblem, quantization_variance, solve
 from .runtime.noise import fmix32
 from .runtime.registry import EXACT, Requantize, Site, stashing
-from .schedule import GradientMonitor, ProbeSchedule
+from .schedule import GradientMonitor, ProbeSchedule, read_floats
 
 log = logging.getLogger("gact_fx")
 
@@ -429,12 +429,8 @@ def weighted_error(gradient: Sequence[torch.Tensor | None], exact: Sequence[torc
 
 
 def _floats(values: Sequence[torch.Tensor | None]) -> list[float | None]:
-    """Scalar tensors read back in one device sync where they share a device."""
-    present = [v for v in values if v is not None]
-    try:
-        read = iter(torch.stack(present).tolist() if present else [])
-    except RuntimeError:  # on several devices
-        read = iter([float(v) for v in present])
+    """``read_floats`` keeping the places of the Nones."""
+    read = iter(read_floats([v for v in values if v is not None]))
     return [None if v is None else next(read) for v in values]
 
 

@@ -69,10 +69,7 @@ class GradientMonitor:
         """The ratio of the largest new norm to the recent median, when it is a jump."""
         if len(self.pending) < self.check_every:
             return None
-        try:
-            squared = torch.stack(self.pending).tolist()  # one device sync
-        except RuntimeError:  # on several devices
-            squared = [float(p) for p in self.pending]
+        squared = read_floats(self.pending)
         norms = [value ** 0.5 for value in squared]
         self.pending.clear()
         reference = statistics.median(self.history) if len(self.history) >= 4 else None
@@ -81,3 +78,11 @@ class GradientMonitor:
             return None
         ratio = max(norms) / reference
         return ratio if ratio >= self.jump or ratio != ratio else None
+
+
+def read_floats(scalars) -> list[float]:
+    """Scalar tensors as floats, in one device sync where they share a device."""
+    try:
+        return torch.stack(list(scalars)).tolist() if scalars else []
+    except RuntimeError:  # on several devices
+        return [float(value) for value in scalars]

@@ -143,13 +143,14 @@ def one_gact_step(model: nn.Module, x: torch.Tensor, compiler: str = "eager", **
     return compressions, flat_grad(model)
 
 
-def loss_draws(model: nn.Module, inputs, loss_fn, backend, draws: int, warmup: int = 0) -> list[torch.Tensor]:
-    """Gradients of ``loss_fn(model(*inputs))`` from ``draws`` steps through one full-graph
-    compile with ``backend``, after ``warmup`` steps not kept (an adaptive backend's
-    probes), on a copy of ``model``."""
+def loss_draws(model: nn.Module, inputs, loss_fn, backend, draws: int, warmup: int = 0,
+               fullgraph: bool = True) -> list[torch.Tensor]:
+    """Gradients of ``loss_fn(model(*inputs))`` from ``draws`` steps through one compile
+    with ``backend``, after ``warmup`` steps not kept (an adaptive backend's probes), on a
+    copy of ``model``."""
     torch._dynamo.reset()
     model = copy.deepcopy(model)
-    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    compiled = torch.compile(model, backend=backend, fullgraph=fullgraph)
     result = []
     for index in range(warmup + draws):
         model.zero_grad(set_to_none=True)
@@ -162,12 +163,5 @@ def loss_draws(model: nn.Module, inputs, loss_fn, backend, draws: int, warmup: i
 def gact_draws(model: nn.Module, x: torch.Tensor, draws: int, compiler: str = "eager", **options):
     """Gradients of ``model(x).pow(2).sum()`` from ``draws`` steps through one gact
     compile (fresh rounding noise in each), on a copy of ``model``."""
-    torch._dynamo.reset()
-    model = copy.deepcopy(model)
-    step = torch.compile(model, backend=gact_fx.backend(compiler=compiler, min_numel=0, **options))
-    grads = []
-    for _ in range(draws):
-        model.zero_grad(set_to_none=True)
-        step(x).pow(2).sum().backward()
-        grads.append(flat_grad(model))
-    return grads
+    backend = gact_fx.backend(compiler=compiler, min_numel=0, **options)
+    return loss_draws(model, (x,), lambda output: output.pow(2).sum(), backend, draws, fullgraph=False)
