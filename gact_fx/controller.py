@@ -408,7 +408,7 @@ def error_weights(exact: Sequence[torch.Tensor | None], metric: str) -> list[flo
     running RMS, whose mean over a parameter one batch's squared gradient norm per
     element estimates, so this is the error its update carries. Under 'absolute' the
     parameters with large gradients (embedding, output layer) drown the rest: on a
-    Llama at L2.2 the deep layers' gradients were 80-150% noise against 42% overall.
+    Llama at L2.2 the MLP weights of layers 1-3 had 78-148% gradient error against 42% overall.
     """
     if metric == "absolute":
         return [1.0] * len(exact)
