@@ -45,13 +45,13 @@ class GactConfig:
 
     bits: int = 4
     """Uniform mode (``avg_bits`` unset): bits per element of every compressed
-    floating-point activation: 1, 2, 4, 8, or 32 (pass-through: stored as is). The
+    floating-point activation: 1, 2, 3, 4, 8, or 32 (pass-through: stored as is). The
     default, GACT's L1, is the lowest width that trained every measured task like fp32
     (README, "Accuracy")."""
 
     avg_bits: float | None = None
     """Adaptive mode: the average bits per element the allocation must respect (per
-    compiled graph); each tensor gets 1, 2, 4, 8 or 32 bits from its measured
+    compiled graph); each tensor gets 1, 2, 3, 4, 8 or 32 bits from its measured
     sensitivity. Bits change at run time without a recompile."""
 
     adapt_interval: int = 1000
@@ -166,8 +166,8 @@ class GactConfig:
             object.__setattr__(self, "avg_bits", float(self.avg_bits))
         if self.adapt_interval < 1 or self.probe_tensors < 1:
             raise ValueError("adapt_interval and probe_tensors must be >= 1")
-        if self.probe_bits not in (1, 2, 4, 8):
-            raise ValueError(f"probe_bits must be one of (1, 2, 4, 8), got {self.probe_bits}")
+        if self.probe_bits not in fmt.QUANTIZED_BITS:
+            raise ValueError(f"probe_bits must be one of {fmt.QUANTIZED_BITS}, got {self.probe_bits}")
         overrides = self.overrides.items() if isinstance(self.overrides, Mapping) else self.overrides
         try:
             overrides = tuple((str(pattern), bits) for pattern, bits in overrides)
@@ -208,7 +208,7 @@ class GactConfig:
         adaptive mode the widest supported width within the ``avg_bits`` budget."""
         if not self.adaptive:
             return self.bits
-        return max((b for b in (1, 2, 4, 8) if b <= self.avg_bits), default=1)
+        return max((b for b in fmt.QUANTIZED_BITS if b <= self.avg_bits), default=1)
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any] | None = None, **more: Any) -> GactConfig:

@@ -53,7 +53,7 @@ def test_2_bits_saves_at_least_9x_and_matches_the_format(name):
 
 
 @pytest.mark.parametrize("name", ["mlp", "conv"])
-@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
 def test_measured_bytes_match_the_prediction(name, bits):
     backend = gact_fx.backend(bits=bits)
     measured = measured_bytes(name, backend)

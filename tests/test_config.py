@@ -17,7 +17,7 @@ def test_defaults_are_valid_and_frozen():
 @pytest.mark.parametrize(
     "options,message",
     [
-        ({"bits": 3}, "bits must be one of"),
+        ({"bits": 5}, "bits must be one of"),
         ({"bits": 16}, "bits must be one of"),
         ({"bits": 8.0}, "bits must be int"),
         ({"group_size": 12}, "multiple of 8"),
@@ -40,7 +40,7 @@ def test_bad_options_are_clear_errors(options, message):
 
 def test_bad_options_fail_at_compile_time_through_torch_compile():
     model = torch.nn.Linear(4, 4)
-    compiled = torch.compile(model, backend="gact", options={"bits": 3})
+    compiled = torch.compile(model, backend="gact", options={"bits": 5})
     with pytest.raises(Exception, match="bits must be one of"):
         compiled(torch.randn(2, 4))
 

@@ -37,7 +37,7 @@ def gradients(model, inputs, backend, steps=1, **compile_kwargs):
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("numel", [1000, (1 << 20) + 3])
 def test_compiled_kernels_write_the_references_blob(dtype, bits, numel):
     from gact_fx.runtime import format as fmt

@@ -23,7 +23,7 @@ from ..runtime import ops  # noqa: F401  (registers torch.ops.gact)
 from ..runtime.registry import SlotRegistry
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-WIDTHS = (1, 2, 4, 8)
+WIDTHS = (1, 2, 3, 4, 8)
 FEATURES = 1024  # the feature-groups rows' innermost dimension: a power of two, the worst row stride for caches
 
 

@@ -183,6 +183,18 @@ inline void store_codes16(uint8_t* out, i8 first, i8 second) {
   }
 }
 
+// The codes of elements j..j+15 of a group (j a multiple of 16) into the group's code bytes,
+// as runtime.format lays them out: at 3 bits a plane of the low two bits, then one of the high bit.
+template <int BITS>
+inline void store_group_codes16(uint8_t* codes, int64_t group, int64_t j, i8 first, i8 second) {
+  if constexpr (BITS == 3) {
+    store_codes16<2>(codes + j / 4, first & splat_i(3), second & splat_i(3));
+    store_codes16<1>(codes + group / 4 + j / 8, first >> 2, second >> 2);
+  } else {
+    store_codes16<BITS>(codes + j * BITS / 8, first, second);
+  }
+}
+
 // One group of ``group`` elements at ``src`` (element ``base`` of the tensor): two passes
 // from the L1 cache, the statistics, then noise, rounding and packing eight lanes at a time.
 template <int BITS, typename T>
@@ -268,8 +280,8 @@ void encode_group(const T* src, uint64_t base, int64_t g, int64_t group, int64_t
     // The common case: sixteen elements at a time, whole pairs of one vector of hashes,
     // with no branch on where a pair starts.
     const auto encode16 = [&](int64_t j, u8 hashes) {
-      store_codes16<BITS>(codes + j * BITS / 8, code_of(load8(src + j), uniforms(hashes, false)),
-                          code_of(load8(src + j + 8), uniforms(hashes, true)));
+      store_group_codes16<BITS>(codes, group, j, code_of(load8(src + j), uniforms(hashes, false)),
+                                code_of(load8(src + j + 8), uniforms(hashes, true)));
     };
     int64_t j = 0;
     for (; j + 64 <= group; j += 64) {  // the hashes of 64 first: their multiplies overlap (10% faster)
@@ -280,10 +292,21 @@ void encode_group(const T* src, uint64_t base, int64_t g, int64_t group, int64_t
     for (; j < group; j += 16) encode16(j, pair_hash8(base + j, key));
     return;
   }
-  // Codes of up to 32 / (8 * BITS) vectors of eight are gathered into one 32-bit word.
-  constexpr int VECTORS = BITS == 8 ? 1 : 4 / BITS;
   u8 hashes = splat_u(0);
   uint64_t hashed = ~(uint64_t)0;  // the first index of the sixteen elements ``hashes`` serves
+  if constexpr (BITS == 3) {  // a vector of eight at a time: two bytes of the low plane, one of the high
+    for (int64_t j = 0; j < group; j += 8) {
+      const uint64_t index = base + j;
+      if ((index & ~(uint64_t)15) != hashed) { hashed = index & ~(uint64_t)15; hashes = pair_hash8(hashed, key); }
+      const i8 code = code_of(load8(src + j), uniforms(hashes, index & 8));
+      const uint32_t low = or_lanes((u8)(code & splat_i(3)) << (LANES * 2)), high = or_lanes((u8)(code >> 2) << LANES);
+      std::memcpy(codes + j / 4, &low, 2);
+      codes[group / 4 + j / 8] = (uint8_t)high;
+    }
+    return;
+  }
+  // Codes of up to 32 / (8 * BITS) vectors of eight are gathered into one 32-bit word.
+  constexpr int VECTORS = BITS == 8 ? 1 : 4 / BITS;
   for (int64_t start = 0; start < group; start += 8 * VECTORS) {
    u8 word8 = splat_u(0);
    const int vectors = (int)std::min<int64_t>(VECTORS, (group - start) / 8);
@@ -345,6 +368,11 @@ void decode_group(const uint8_t* blob, int64_t numel, int64_t g, int64_t group, 
       b8 bytes;
       std::memcpy(&bytes, codes + j, 8);
       code = __builtin_convertvector(bytes, u8);
+    } else if constexpr (BITS == 3) {
+      uint32_t low = 0;
+      std::memcpy(&low, codes + j / 4, 2);
+      const uint32_t high = codes[group / 4 + j / 8];
+      code = ((splat_u(low) >> (LANES * 2)) & splat_u(3)) | (((splat_u(high) >> LANES) & splat_u(1)) << 2);
     } else {
       uint32_t packed = 0;
       std::memcpy(&packed, codes + j * BITS / 8, BITS);
@@ -383,6 +411,7 @@ int decode_typed(const uint8_t* blob, int64_t numel, int64_t group, T* out, int 
   switch (bits) {
     case 1: decode_all<1>(blob, numel, group, out, dmax); return 0;
     case 2: decode_all<2>(blob, numel, group, out, dmax); return 0;
+    case 3: decode_all<3>(blob, numel, group, out, dmax); return 0;
     case 4: decode_all<4>(blob, numel, group, out, dmax); return 0;
     case 8: decode_all<8>(blob, numel, group, out, dmax); return 0;
   }
@@ -395,6 +424,7 @@ int encode_typed(const T* x, int64_t numel, int64_t group, uint8_t* blob, uint32
   switch (bits) {
     case 1: encode_all<1>(x, numel, group, blob, key, dmax, scale_max); return 0;
     case 2: encode_all<2>(x, numel, group, blob, key, dmax, scale_max); return 0;
+    case 3: encode_all<3>(x, numel, group, blob, key, dmax, scale_max); return 0;
     case 4: encode_all<4>(x, numel, group, blob, key, dmax, scale_max); return 0;
     case 8: encode_all<8>(x, numel, group, blob, key, dmax, scale_max); return 0;
   }
@@ -412,7 +442,7 @@ template <int BITS, typename T>
 void encode_block(const T* x, int64_t N, int64_t C, int64_t t0, int64_t c0, int64_t group, int64_t groups,
                   uint8_t* blob, uint32_t key, float dmax, float scale_max) {
   constexpr int L = (1 << BITS) - 1;
-  constexpr int W = 32 / BITS;  // tokens per 32-bit word of a lane
+  constexpr int W = 32 / BITS;  // tokens per 32-bit word of a lane (at 3 bits, see below)
   const f8 infinity = splat(INFINITY), extreme = splat(dmax);
   const T* src = x + t0 * C + c0;
   f8 low8 = infinity, high8 = -infinity;
@@ -467,7 +497,7 @@ void encode_block(const T* x, int64_t N, int64_t C, int64_t t0, int64_t c0, int6
   }
 
   const f8 zero = splat(0.0f);
-  u8 word8 = splat_u(0);
+  u8 word8 = splat_u(0), upper8 = splat_u(0);  // upper8: the high plane's words at 3 bits
   for (int64_t j = 0; j < group; j += 16) {
     // runtime.noise's pair hashes of tokens j..j+15 of the eight features: element
     // (c0 + l) * N + t0 + j + k, a multiple of 16 plus k, so hash k & 7, half k & 8
@@ -488,6 +518,22 @@ void encode_block(const T* x, int64_t N, int64_t C, int64_t t0, int64_t c0, int6
       v = v < ceiling ? v : ceiling;
       i8 code = __builtin_convertvector(v, i8);
       if (any_flagged) code = special8(a, extreme) ? splat_i(L) : code;
+      if constexpr (BITS == 3) {  // the two planes: 16 tokens per word of the low, 32 of the high
+        // (the group is a multiple of 16 tokens: every low word is whole, a high one at least half)
+        word8 |= (u8)(code & splat_i(3)) << splat_u((uint32_t)((t % 16) * 2));
+        upper8 |= (u8)(code >> 2) << splat_u((uint32_t)(t % 32));
+        if ((t + 1) % 16 == 0) {
+          for (int l = 0; l < 8; ++l) { const uint32_t word = word8[l]; std::memcpy(codes[l] + (t - 15) / 4, &word, 4); }
+          word8 = splat_u(0);
+        }
+        if ((t + 1) % 32 == 0) {
+          for (int l = 0; l < 8; ++l) { const uint32_t word = upper8[l]; std::memcpy(codes[l] + group / 4 + (t - 31) / 8, &word, 4); }
+          upper8 = splat_u(0);
+        } else if (t + 1 == group) {
+          for (int l = 0; l < 8; ++l) { const uint32_t word = upper8[l]; std::memcpy(codes[l] + group / 4 + (t - 15) / 8, &word, 2); }
+        }
+        continue;
+      }
       word8 |= (u8)code << splat_u((uint32_t)((t % W) * BITS));
       if ((t + 1) % W == 0 || t + 1 == group) {
         const int64_t first = t - t % W, nbytes = (t + 1 - first) * BITS / 8;
@@ -514,7 +560,7 @@ template <int BITS, typename T>
 void decode_block(const uint8_t* blob, int64_t N, int64_t C, int64_t t0, int64_t v0, int vectors, int64_t group,
                   int64_t groups, T* out, float dmax) {
   constexpr uint32_t L = (1u << BITS) - 1;
-  constexpr int W = 32 / BITS;
+  constexpr int W = BITS == 3 ? 16 : 32 / BITS;  // tokens per word read (at 3 bits, of the low plane)
   const float* words = reinterpret_cast<const float*>(blob);
   const int64_t group_bytes = group * BITS / 8;
   f8 special[SEGMENT], scale8[SEGMENT], lo[SEGMENT];
@@ -545,21 +591,30 @@ void decode_block(const uint8_t* blob, int64_t N, int64_t C, int64_t t0, int64_t
       }
   }
   T* dst = out + t0 * C + v0 * 8;
-  u8 packed[SEGMENT];
+  u8 packed[SEGMENT], high[SEGMENT];
   for (int64_t j = 0; j < group; j += W) {
     const int64_t count = std::min<int64_t>(W, group - j);
     for (int v = 0; v < vectors; ++v) {
       for (int l = 0; l < 8; ++l) {
         uint32_t word = 0;
-        if (count == W) std::memcpy(&word, codes[v][l] + j * BITS / 8, 4);  // a constant size: inlined
-        else std::memcpy(&word, codes[v][l] + j * BITS / 8, count * BITS / 8);
+        if constexpr (BITS == 3) {  // count is 16: the group is a multiple of 16 tokens
+          uint16_t upper = 0;
+          std::memcpy(&word, codes[v][l] + j / 4, 4);
+          std::memcpy(&upper, codes[v][l] + group / 4 + j / 8, 2);
+          high[v][l] = upper;
+        } else if (count == W) {
+          std::memcpy(&word, codes[v][l] + j * BITS / 8, 4);  // a constant size: inlined
+        } else {
+          std::memcpy(&word, codes[v][l] + j * BITS / 8, count * BITS / 8);
+        }
         packed[v][l] = word;
       }
     }
     for (int64_t k = 0; k < count; ++k) {
-      const u8 shift = splat_u((uint32_t)(k * BITS));
+      const u8 shift = splat_u((uint32_t)(k * (BITS == 3 ? 2 : BITS)));
       for (int v = 0; v < vectors; ++v) {
-        const u8 code = (packed[v] >> shift) & splat_u(L);
+        u8 code = (packed[v] >> shift) & splat_u(L);
+        if constexpr (BITS == 3) code = (code & splat_u(3)) | (((high[v] >> splat_u((uint32_t)k)) & splat_u(1)) << 2);
         const f8 product = __builtin_convertvector((i8)code, f8) * scale8[v];
         store8(dst + (j + k) * C + v * 8, code == marker[v] ? special[v] : product + lo[v]);
       }
@@ -595,6 +650,7 @@ int encode_transposed_typed(const T* x, int64_t N, int64_t C, int64_t group, uin
   switch (bits) {
     case 1: encode_transposed_all<1>(x, N, C, group, blob, key, dmax, scale_max); return 0;
     case 2: encode_transposed_all<2>(x, N, C, group, blob, key, dmax, scale_max); return 0;
+    case 3: encode_transposed_all<3>(x, N, C, group, blob, key, dmax, scale_max); return 0;
     case 4: encode_transposed_all<4>(x, N, C, group, blob, key, dmax, scale_max); return 0;
     case 8: encode_transposed_all<8>(x, N, C, group, blob, key, dmax, scale_max); return 0;
   }
@@ -606,6 +662,7 @@ int decode_transposed_typed(const uint8_t* blob, int64_t N, int64_t C, int64_t g
   switch (bits) {
     case 1: decode_transposed_all<1>(blob, N, C, group, out, dmax); return 0;
     case 2: decode_transposed_all<2>(blob, N, C, group, out, dmax); return 0;
+    case 3: decode_transposed_all<3>(blob, N, C, group, out, dmax); return 0;
     case 4: decode_transposed_all<4>(blob, N, C, group, out, dmax); return 0;
     case 8: decode_transposed_all<8>(blob, N, C, group, out, dmax); return 0;
   }
@@ -728,7 +785,7 @@ def _new_blob(numel: int, bits: int, group_size: int, itemsize: int) -> torch.Te
 
 
 def quantize(flat: torch.Tensor, bits: int, group_size: int, *, state=None, key=None) -> torch.Tensor:
-    """Blob of a 1-D float CPU tensor at ``bits`` in {1, 2, 4, 8} (the reference's, bit for bit)."""
+    """Blob of a 1-D float CPU tensor at ``bits`` in {1, 2, 3, 4, 8} (the reference's, bit for bit)."""
     source, from_state = (state, 1) if state is not None else (key, 0)
     values = flat.contiguous()
     numel = values.numel()

@@ -8,7 +8,7 @@ shapes.
 Layout, for an activation of ``N`` elements taken in the logical order of its
 permutation (see ``runtime.ops``):
 
-* floating point (fp32 / fp16 / bf16), ``bits`` in {1, 2, 4, 8}::
+* floating point (fp32 / fp16 / bf16), ``bits`` in {1, 2, 3, 4, 8}::
 
       G = ceil(N / group_size)
       [ scale : G x float32 ][ min : G x float32 ][ codes : G*group_size*bits/8 bytes ]
@@ -17,7 +17,12 @@ permutation (see ``runtime.ops``):
 
   With ``L = 2**bits - 1``, element ``i`` of group ``g`` decodes as ``min[g] + code *
   scale[g]``. Codes are packed little-endian inside each byte: element ``k`` of a byte
-  sits at bit ``(k * bits) % 8``. The last group is padded with copies of the last
+  sits at bit ``(k * bits) % 8``. At 3 bits a group's ``3 * group_size / 8`` bytes are two
+  planes, packed as above: the low two bits of its codes (``group_size / 4`` bytes), then
+  their high bit (``group_size / 8`` bytes); so every width packs whole bytes with the
+  1/2/4/8-bit packers, and 3 bits exist because rounding variance falls by
+  ``(3/7)^2 = 0.18x`` from 2 to 3 bits, where mixing 2 and 4 bits for the same bytes
+  gives only 0.52x. The last group is padded with copies of the last
   element. Codes come from stochastic rounding, ``floor((x - min) / scale + u)`` with
   ``u`` from ``runtime.noise``, so ``E[decode] == x``; a constant group stores ``scale =
   1`` and codes 0. Scales and mins are float32 whatever the input dtype, so fp16 ranges
@@ -38,7 +43,7 @@ permutation (see ``runtime.ops``):
 * ``torch.bool`` (dropout and ReLU masks): 1 bit per element, lossless, no scales.
 
 The tag makes every blob self-describing from its *length* alone:
-``blob.numel() % 8`` is 1, 2, 3, 4 or 5 for 1, 2, 4, 8 or 32 bits (bool blobs use 1).
+``blob.numel() % 8`` is 1, 2, 6, 3, 4 or 5 for 1, 2, 3, 4, 8 or 32 bits (bool blobs use 1).
 Reading the bits therefore needs no device-to-host copy, which is what lets bits
 change at run time without a recompile. A blob written for a sensitivity probe carries
 8 more bytes before its tag, an identity token (``runtime.registry``): only the probed
@@ -47,14 +52,16 @@ call's blob is then ever substituted, whatever its contents.
 
 from __future__ import annotations
 
-SUPPORTED_BITS = (1, 2, 4, 8, 32)
+SUPPORTED_BITS = (1, 2, 3, 4, 8, 32)
+QUANTIZED_BITS = (1, 2, 3, 4, 8)  # the widths that round (32 is the pass-through)
+PLANE_BITS = 3  # the width stored as two planes (2 + 1 bits); see the layout above
 RUNTIME_BITS = 0  # ``gact::quantize(..., bits=RUNTIME_BITS)``: the site's width is read at run time
 SPECIAL_KINDS = ("-inf", "+inf", "-max", "+max")  # kind k sits in the low 2 bits of a flagged scale
 TOKEN_BYTES = 8
 PASS_THROUGH_BITS = 32
 METADATA_BYTES_PER_GROUP = 8  # float32 scale + float32 min
 _ALIGN = 8
-_TAG_BY_BITS = {1: 1, 2: 2, 4: 3, 8: 4, 32: 5}
+_TAG_BY_BITS = {1: 1, 2: 2, 3: 6, 4: 3, 8: 4, 32: 5}
 _BITS_BY_TAG = {tag: bits for bits, tag in _TAG_BY_BITS.items()}
 
 

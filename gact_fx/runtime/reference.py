@@ -87,7 +87,9 @@ def quantize_codes(groups, used, group_min, top, special, poison, bits: int, noi
 
 
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """Pack ``(G, group_size)`` codes of ``bits`` each into a flat uint8 tensor."""
+    """Pack ``(G, group_size)`` codes of ``bits`` in {1, 2, 4, 8} each into a flat uint8 tensor."""
+    if 8 % bits:
+        raise ValueError(f"pack_codes packs widths that divide a byte, not {bits}; pack_group_codes lays out 3 bits")
     if bits == 8:
         return codes.reshape(-1)
     per_byte = 8 // bits
@@ -106,12 +108,32 @@ def unpack_codes(packed: torch.Tensor, bits: int) -> torch.Tensor:
     return lanes.reshape(-1).to(torch.uint8)
 
 
+def pack_group_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Pack ``(G, group_size)`` codes group by group; at 3 bits each group is its low-two-bit
+    plane then its high-bit plane (``runtime.format``)."""
+    if bits != fmt.PLANE_BITS:
+        return pack_codes(codes, bits)
+    low = pack_codes(codes & 3, 2).view(codes.shape[0], -1)
+    high = pack_codes(codes >> 2, 1).view(codes.shape[0], -1)
+    return torch.cat([low, high], dim=1).reshape(-1)
+
+
+def unpack_group_codes(packed: torch.Tensor, bits: int, group_size: int) -> torch.Tensor:
+    """Inverse of ``pack_group_codes``: ``(G, group_size)`` codes."""
+    if bits != fmt.PLANE_BITS:
+        return unpack_codes(packed, bits).view(-1, group_size)
+    planes = packed.view(-1, group_size * 3 // 8)
+    low = unpack_codes(planes[:, : group_size // 4].reshape(-1), 2).view(-1, group_size)
+    high = unpack_codes(planes[:, group_size // 4 :].reshape(-1), 1).view(-1, group_size)
+    return low | (high << 2)
+
+
 def encode_groups(flat: torch.Tensor, bits: int, group_size: int, noise: torch.Tensor) -> torch.Tensor:
-    """Blob of a non-empty 1-D float tensor at ``bits`` in {1, 2, 4, 8}; branch-free."""
+    """Blob of a non-empty 1-D float tensor at ``bits`` in {1, 2, 3, 4, 8}; branch-free."""
     groups = group_view(flat, group_size)
     word, used, group_min, top, special, poison = group_parameters(groups, bits, flat.dtype)
     codes = quantize_codes(groups, used, group_min, top, special, poison, bits, noise)
-    body = torch.cat([word.view(torch.uint8), group_min.view(torch.uint8), pack_codes(codes, bits)])
+    body = torch.cat([word.view(torch.uint8), group_min.view(torch.uint8), pack_group_codes(codes, bits)])
     total = fmt.float_blob_nbytes(flat.numel(), bits, group_size, flat.element_size())
     return torch.cat([body, body.new_zeros(total - body.numel())])  # padding and tag
 
@@ -122,7 +144,7 @@ def decode_groups(blob: torch.Tensor, numel, dtype: torch.dtype, group_size: int
     word = blob[: groups * 4].view(torch.float32)
     group_min = blob[groups * 4 : groups * fmt.METADATA_BYTES_PER_GROUP].view(torch.float32)
     start = groups * fmt.METADATA_BYTES_PER_GROUP
-    codes = unpack_codes(blob[start : start + groups * (group_size * bits // 8)], bits).view(-1, group_size)
+    codes = unpack_group_codes(blob[start : start + groups * (group_size * bits // 8)], bits, group_size)
     scale = word.abs()
     values = codes.float() * scale[:, None] + group_min[:, None]
     kind = scale.view(torch.int32) & _KIND_MASK

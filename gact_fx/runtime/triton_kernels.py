@@ -68,11 +68,30 @@ def _noise_kernel(out_ptr, num_groups, key_ptr, FROM_STATE: tl.constexpr, GROUP:
 
 
 @triton.jit
+def _store_packed(row_ptr, codes, live, WIDTH: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr):
+    """Pack [BLOCK, GROUP] codes of WIDTH in {1, 2, 4, 8} bits into the bytes at each row's pointer."""
+    PER_BYTE: tl.constexpr = 8 // WIDTH
+    BYTES: tl.constexpr = GROUP * WIDTH // 8
+    shifts = (tl.arange(0, PER_BYTE) * WIDTH)[None, None, :]
+    packed = tl.sum(tl.reshape(codes, (BLOCK, BYTES, PER_BYTE)) << shifts, axis=2)
+    tl.store(row_ptr + tl.arange(0, BYTES)[None, :], packed.to(tl.uint8), mask=live)
+
+
+@triton.jit
+def _load_packed(row_ptr, live, WIDTH: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr):
+    """The [BLOCK, GROUP] codes of WIDTH bits packed at each row's pointer."""
+    PER_BYTE: tl.constexpr = 8 // WIDTH
+    BYTES: tl.constexpr = GROUP * WIDTH // 8
+    shifts = (tl.arange(0, PER_BYTE) * WIDTH)[None, None, :]
+    packed = tl.load(row_ptr + tl.arange(0, BYTES)[None, :], mask=live, other=0).to(tl.int32)
+    return tl.reshape((packed[:, :, None] >> shifts) & ((1 << WIDTH) - 1), (BLOCK, GROUP))
+
+
+@triton.jit
 def _quantize_kernel(
     x_ptr, blob_ptr, numel, num_groups, key_ptr, dtype_max,
     FROM_STATE: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    PER_BYTE: tl.constexpr = 8 // BITS
     BYTES: tl.constexpr = GROUP * BITS // 8
     LEVELS: tl.constexpr = (1 << BITS) - 1
     k0, k1 = _call_key(key_ptr, FROM_STATE)
@@ -119,10 +138,11 @@ def _quantize_kernel(
     codes = tl.minimum(tl.maximum(codes, 0.0), top.to(tl.float32))
     codes = tl.where(special, LEVELS, codes)
     codes = tl.where(poison | (codes != codes), 0.0, codes).to(tl.int32)
-    shifts = (tl.arange(0, PER_BYTE) * BITS)[None, None, :]
-    packed = tl.sum(tl.reshape(codes, (BLOCK, BYTES, PER_BYTE)) << shifts, axis=2)
-    byte_lanes = tl.arange(0, BYTES)[None, :]
-    tl.store(codes_out + groups.to(tl.int64) * BYTES + byte_lanes, packed.to(tl.uint8), mask=live)
+    if BITS == 3:  # two planes (runtime.format): the low two bits, then the high bit
+        _store_packed(codes_out + groups.to(tl.int64) * BYTES, codes & 3, live, 2, GROUP, BLOCK)
+        _store_packed(codes_out + groups.to(tl.int64) * BYTES + GROUP // 4, codes >> 2, live, 1, GROUP, BLOCK)
+    else:
+        _store_packed(codes_out + groups.to(tl.int64) * BYTES, codes, live, BITS, GROUP, BLOCK)
     tl.store(words + groups, word, mask=live)
     tl.store(words + num_groups + groups, group_min, mask=live)
 
@@ -146,21 +166,21 @@ def _dequantize_kernel(
     blob_ptr, out_ptr, numel, num_groups, dtype_max,
     BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    PER_BYTE: tl.constexpr = 8 // BITS
     BYTES: tl.constexpr = GROUP * BITS // 8
     LEVELS: tl.constexpr = (1 << BITS) - 1
     words = blob_ptr.to(tl.pointer_type(tl.float32))
     codes_in = blob_ptr + 8 * num_groups
     rows = tl.arange(0, BLOCK)[:, None]
     lanes = tl.arange(0, GROUP)[None, :]
-    shifts = (tl.arange(0, PER_BYTE) * BITS)[None, None, :]
-    byte_lanes = tl.arange(0, BYTES)[None, :]
     groups = tl.program_id(0) * BLOCK + rows
     live = groups < num_groups
     word = tl.load(words + groups, mask=live, other=1.0)
     group_min = tl.load(words + num_groups + groups, mask=live, other=0.0)
-    packed = tl.load(codes_in + groups.to(tl.int64) * BYTES + byte_lanes, mask=live, other=0).to(tl.int32)
-    codes = tl.reshape((packed[:, :, None] >> shifts) & LEVELS, (BLOCK, GROUP))
+    if BITS == 3:
+        low = _load_packed(codes_in + groups.to(tl.int64) * BYTES, live, 2, GROUP, BLOCK)
+        codes = low | (_load_packed(codes_in + groups.to(tl.int64) * BYTES + GROUP // 4, live, 1, GROUP, BLOCK) << 2)
+    else:
+        codes = _load_packed(codes_in + groups.to(tl.int64) * BYTES, live, BITS, GROUP, BLOCK)
     scale = tl.abs(word)
     values = codes.to(tl.float32) * scale
     values = values + group_min
@@ -191,7 +211,7 @@ def rounding_noise(groups: int, group_size: int, *, state=None, key=None) -> tor
 
 
 def quantize(flat: torch.Tensor, bits: int, group_size: int, *, state=None, key=None) -> torch.Tensor:
-    """Blob of a contiguous 1-D float tensor at ``bits`` in {1, 2, 4, 8}."""
+    """Blob of a contiguous 1-D float tensor at ``bits`` in {1, 2, 3, 4, 8}."""
     source, from_state = _key_source(state, key)
     numel = flat.numel()
     groups = fmt.num_groups(numel, group_size)

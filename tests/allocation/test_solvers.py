@@ -63,8 +63,10 @@ def test_solve_is_within_1_percent_of_the_exact_optimum_and_the_dp_matches_it():
 
 def test_greedy_alone_is_gacts_algorithm_and_strands_small_tensors():
     # Why solve() also runs the DP: a measured example where greedy's 32->8 first rung
-    # on the large tensors leaves the small sensitive ones at full precision.
-    problem = AllocationProblem.from_average([35.3, 0.334, 0.0358, 1.17], [12288, 12288, 200_000, 200_000], 6)
+    # on the large tensors leaves the small sensitive ones at full precision (on the
+    # widths it was measured with; 3 bits happen to rescue this one instance).
+    problem = AllocationProblem.from_average([35.3, 0.334, 0.0358, 1.17], [12288, 12288, 200_000, 200_000], 6,
+                                             ladder=(32, 8, 4, 2, 1))
     assert greedy(problem) == (8, 8, 4, 4)
     assert solve(problem) == exact(problem) == (8, 4, 4, 8)
     assert ratio_to_optimum(problem, greedy(problem)) > 2
@@ -114,12 +116,13 @@ def test_floors_and_unmeasured_one_bit_are_never_crossed_and_the_dp_stays_optima
     for sensitivities, numels, floors, one_bit in constrained_instances(80):
         for average in AVERAGES:
             problem = AllocationProblem.from_average(sensitivities, numels, average, floors=floors, one_bit=one_bit)
-            for bits in (greedy(problem), dynamic_programming(problem), solve(problem), exact(problem)):
+            best, solved = exact(problem), solve(problem)
+            for bits in (greedy(problem), dynamic_programming(problem), solved, best):
                 assert all(b >= f for b, f in zip(bits, floors))
                 assert all(b != 1 or c is not None for b, c in zip(bits, one_bit))
-            optimum = problem.variance(exact(problem))
-            if problem.cost(exact(problem)) <= problem.budget and optimum > 0:
-                worst = max(worst, problem.variance(solve(problem)) / optimum)
+            optimum = problem.variance(best)
+            if problem.cost(best) <= problem.budget and optimum > 0:
+                worst = max(worst, problem.variance(solved) / optimum)
     assert worst <= 1.01
 
 

@@ -29,7 +29,7 @@ def same_decode(a, b):
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("numel", [1, 255, 1000, 70_001])
 @pytest.mark.parametrize("group_size", [64, 256])
 def test_blobs_and_decodes_are_bit_identical_to_the_reference(dtype, bits, numel, group_size):
@@ -53,7 +53,7 @@ def test_16_bit_decodes_round_ties_to_even_as_torch_converts(dtype):
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
 def test_special_values_nan_and_poisoned_groups_match_the_reference(dtype, bits):
     x = sample(6 * 64, dtype)
     extreme = torch.finfo(dtype).max
@@ -93,7 +93,7 @@ def test_the_noise_of_indices_past_two_to_the_32_matches_the_reference(first):
     assert torch.equal(cpu_kernels.noise(key, first, 32), noise.uniform(key, index))
 
 
-@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("group_size", [8, 24, 40, 48])
 def test_groups_of_any_multiple_of_eight_match_the_reference(bits, group_size):
     x = sample(10 * group_size + 3, torch.float32, seed=bits)
@@ -116,7 +116,7 @@ def with_special_values(matrix):
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("tokens,features,group_size", [(256, 64, 256), (512, 24, 256), (96, 8, 32), (48, 16, 16)])
 def test_feature_major_blobs_and_decodes_are_the_transposed_copys_bit_for_bit(dtype, bits, tokens, features, group_size):
     scales = torch.logspace(-2, 1, features)

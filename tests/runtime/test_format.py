@@ -14,7 +14,7 @@ def test_bits_are_recovered_from_blob_length(bits, group_size, numel):
     assert fmt.bits_from_blob_nbytes(fmt.bool_blob_nbytes(numel)) == 1
 
 
-@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
 def test_quantized_blob_size_follows_the_layout(bits):
     numel, group_size = 1000, 256
     groups = 4  # ceil(1000 / 256)
@@ -29,7 +29,7 @@ def test_pass_through_and_bool_sizes():
     assert fmt.bool_blob_nbytes(17) == 8 + fmt.tag_bytes(1)
 
 
-@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
 def test_ideal_ratio_is_the_design_formula(bits):
     assert fmt.ideal_ratio(bits) == pytest.approx((bits + 0.25) / 32)
     large = 256 * 4096
@@ -37,7 +37,7 @@ def test_ideal_ratio_is_the_design_formula(bits):
     assert measured == pytest.approx(fmt.ideal_ratio(bits), rel=1e-4)
 
 
-@pytest.mark.parametrize("bad", [0, 3, 5, 16, 64])
+@pytest.mark.parametrize("bad", [0, 5, 6, 16, 64])
 def test_unsupported_bits_are_rejected(bad):
     with pytest.raises(ValueError, match="bits must be one of"):
         fmt.check_bits(bad)

@@ -9,8 +9,10 @@ from gact_fx.runtime.noise import key_of, rounding_noise
 from gact_fx.runtime.reference import (
     dequantize_reference,
     pack_codes,
+    pack_group_codes,
     quantize_reference,
     unpack_codes,
+    unpack_group_codes,
 )
 
 FLOATS = [torch.float32, torch.float16, torch.bfloat16]
@@ -32,6 +34,14 @@ def test_codes_are_packed_little_endian_within_a_byte():
     packed = pack_codes(codes, 2)
     assert packed.tolist() == [1 | 0 << 2 | 3 << 4 | 2 << 6, 1 << 6]
     assert torch.equal(unpack_codes(packed, 2), codes.flatten())
+
+
+def test_three_bit_codes_are_a_two_bit_plane_then_a_one_bit_plane_per_group():
+    codes = torch.randint(0, 8, (3, 64), dtype=torch.uint8)
+    planes = pack_group_codes(codes, 3).view(3, 64 * 3 // 8)
+    assert torch.equal(planes[:, :16].reshape(-1), pack_codes(codes & 3, 2))
+    assert torch.equal(planes[:, 16:].reshape(-1), pack_codes(codes >> 2, 1))
+    assert torch.equal(unpack_group_codes(planes.reshape(-1), 3, 64), codes)
 
 
 @pytest.mark.parametrize("bits", [1, 2, 4, 8])
@@ -58,7 +68,7 @@ def test_bool_masks_are_lossless(numel):
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
 def test_error_is_at_most_one_step_per_element(dtype, bits):
     x = (torch.randn(1000) * 3).to(dtype)
     blob, y = roundtrip(x, bits)
@@ -67,7 +77,7 @@ def test_error_is_at_most_one_step_per_element(dtype, bits):
     assert ((y.float() - x.float()).abs() <= step * (1 + 1e-5) + slack).all()
 
 
-@pytest.mark.parametrize("bits", [1, 2, 4])
+@pytest.mark.parametrize("bits", [1, 2, 3, 4])
 def test_stochastic_rounding_is_unbiased(bits):
     x = torch.randn(512)
     draws = torch.stack([roundtrip(x, bits, seed=s)[1] for s in range(400)])

@@ -40,7 +40,7 @@ def reference_blob(x, bits, group_size, key):
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("numel", [1, 100, 257])
 def test_blobs_are_bit_identical_to_the_reference(dtype, bits, numel):
     x = sample(numel, dtype)
@@ -56,7 +56,7 @@ def test_the_noise_is_the_references_bit_for_bit():
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
 def test_either_implementation_decodes_the_others_blob(dtype, bits):
     x = sample(300, dtype, seed=1)
     from_triton = tk.quantize(x, bits, GROUP, key=noise.key_of(7, 8, device=DEVICE))
