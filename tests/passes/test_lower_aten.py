@@ -37,7 +37,7 @@ def test_no_opaque_codec_op_is_left():
     assert all("val" in n.meta for gm in (fw, bw) for n in gm.graph.nodes if n.op != "output")
 
 
-@pytest.mark.parametrize("bits", [2, 8])
+@pytest.mark.parametrize("bits", [2, 3, 8])
 def test_both_lowerings_write_the_same_blobs(bits):
     by_op = rewritten_pair(bits, lower=False)
     by_aten = rewritten_pair(bits, lower=True)
