@@ -98,7 +98,7 @@ def main(argv=None) -> int:
     bench_parser.add_argument("--sizes", nargs="+", help="tiny small base large (default: tiny on CPU)")
     bench_parser.add_argument("--methods", nargs="+", help="method names (default: all); the accuracy runs train those of "
                               "them among torch.compile, gact 8/4/2 bit, gact L2, gact L2.2 and fp8")
-    bench_parser.add_argument("--tasks", nargs="+", help="accuracy tasks: mnist1d digits karate charlm")
+    bench_parser.add_argument("--tasks", nargs="+", help="accuracy tasks: mnist1d digits karate charlm (default: all; --quick: digits)")
     bench_parser.add_argument("--skip-accuracy", action="store_true")
     bench_parser.add_argument("--steps", type=int, help="timed steps per measurement")
     bench_parser.add_argument("--device", choices=("cpu", "cuda"))

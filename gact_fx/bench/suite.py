@@ -131,7 +131,7 @@ def main(args) -> int:
     plots.memory_vs_time([r.as_dict() for r in rows], out / "memory_vs_time.png")
     plots.max_batch([r.as_dict() for r in rows], out / "max_batch.png")
     if not args.skip_accuracy:
-        tasks = args.tasks or (["mnist1d"] if args.quick else ["mnist1d", "digits", "karate", "charlm"])
+        tasks = args.tasks or (["digits"] if args.quick else ["mnist1d", "digits", "karate", "charlm"])
         chosen = accuracy_methods(args.methods, args.quick)
         results = run_accuracy(tasks, chosen, steps_scale=0.1 if args.quick else 1.0, compiler="eager")
         # the training runs are on the CPU whatever --device is: label them so
