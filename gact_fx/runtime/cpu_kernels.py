@@ -6,8 +6,10 @@ dozen int64 tensors): on the CPU that cost more than the training step it compre
 and its temporaries raised the peak memory. This kernel does, per group of
 ``group_size`` elements held in the L1 cache: min, max, special values and NaN; the
 scale; the noise (``runtime.noise``'s hash, one vector of hashes serving two vectors of
-elements), the rounding and the packing, eight lanes at a time in GCC/Clang vector types;
-decode is one pass too. For ``feature_groups`` a second pair of kernels takes a row-major
+elements), the rounding and the packing, in GCC/Clang vector types: sixteen lanes at a
+time where the machine has AVX-512 (Inductor compiles with ``-march=native``), the packed
+words of 64 elements gathered in one tree of shuffles, and eight lanes elsewhere; decode
+is one pass too. For ``feature_groups`` a second pair of kernels takes a row-major
 [tokens, features] matrix and writes the blob of its transpose (each group one feature's
 tokens, eight groups in eight lanes), and decodes back into the matrix: no transposed
 copy either way. Groups run in parallel under OpenMP,
@@ -45,7 +47,8 @@ _SOURCE = r"""
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#if defined(__F16C__)
+#include <type_traits>
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
 
@@ -195,6 +198,129 @@ inline void store_group_codes16(uint8_t* codes, int64_t group, int64_t j, i8 fir
   }
 }
 
+// ---- Sixteen lanes: the contiguous codec's common case (groups of a multiple of 64
+// elements to encode, of 16 to decode) in 64-byte vectors, half the instructions of two
+// 8-lane vectors, where the machine has AVX-512. Elsewhere the 8-lane code serves: GCC
+// passes 64-byte vectors through memory without AVX-512, eight times slower.
+#if defined(__AVX512F__)
+#define GACT_SIXTEEN_LANES 1
+#else
+#define GACT_SIXTEEN_LANES 0
+#endif
+#if GACT_SIXTEEN_LANES
+typedef float f16l __attribute__((vector_size(64)));
+typedef int32_t i16l __attribute__((vector_size(64)));
+typedef uint32_t u16l __attribute__((vector_size(64)));
+
+inline f16l splat16(float x) { return f16l{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+inline i16l splat16_i(int32_t x) { return i16l{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+inline u16l splat16_u(uint32_t x) { return u16l{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+const u16l LANES16 = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
+inline f8 low_half(f16l a) { return __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7); }
+inline f8 high_half(f16l a) { return __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15); }
+typedef uint16_t h16 __attribute__((vector_size(32)));
+inline f16l load16(const float* p) { f16l a; std::memcpy(&a, p, sizeof(a)); return a; }
+inline f16l load16(const bf16* p) {  // each bfloat16 the high half of a float
+  h16 raw;
+  std::memcpy(&raw, p, sizeof(raw));
+  return (f16l)(__builtin_convertvector(raw, u16l) << 16);
+}
+inline f16l load16(const f16* p) {
+  f16l a; const __m512 wide = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  std::memcpy(&a, &wide, sizeof(a)); return a;
+}
+
+inline i16l special16(f16l a, f16l extreme) { return (f16l)((i16l)a & splat16_i(0x7FFFFFFF)) >= extreme; }
+
+// The pair hashes of the 32 elements first..first+31 (first a multiple of 32): lanes 0-7 are
+// pair_hash8(first), lanes 8-15 pair_hash8(first + 16) (sixteen consecutive pairs share a high word).
+inline u16l pair_hash16(uint64_t first, uint32_t key) {
+  const uint64_t pair = (first >> 4) * 8;
+  const u16l low = splat16_u((uint32_t)pair) + LANES16;
+  u16l h = (low * splat16_u(GOLDEN)) ^ splat16_u(key ^ ((uint32_t)(pair >> 32) * M1));
+  h ^= h >> 16; h *= splat16_u(M1); h ^= h >> 13; h *= splat16_u(M2); h ^= h >> 16;
+  return h;
+}
+
+// The uniforms of elements first..first+15 (second: first+16..first+31) from pair_hash16(first):
+// each lane's low half serves element l, its high half element l + 8, as in ``uniforms``.
+inline f16l uniforms16(u16l h, bool second) {
+  const u16l low = h & splat16_u(0xFFFFu), high = h >> 16;
+  const u16l half = second ? __builtin_shufflevector(low, high, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31)
+                           : __builtin_shufflevector(low, high, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
+  return __builtin_convertvector((i16l)((half << 1) | splat16_u(1)), f16l) * splat16(1.0f / 131072.0f);
+}
+
+// Packing codes shifted into place: each output word is the OR of a run ("segment") of
+// adjacent lanes. merge<S> ORs the two halves of every S-lane segment of x and of y into one
+// vector of S/2-lane segments, x's before y's, so the words stay in memory order.
+template <int S> inline u16l merge(u16l x, u16l y) {
+  if constexpr (S == 16) {
+    return __builtin_shufflevector(x, y, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) |
+           __builtin_shufflevector(x, y, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  } else if constexpr (S == 8) {
+    return __builtin_shufflevector(x, y, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) |
+           __builtin_shufflevector(x, y, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  } else {
+    static_assert(S == 4);
+    return __builtin_shufflevector(x, y, 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) |
+           __builtin_shufflevector(x, y, 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+  }
+}
+// OR within segments of S lanes, leaving each segment's word in its first lane.
+template <int S> inline u16l or_segments(u16l v) {
+  if constexpr (S >= 8) v |= __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+  if constexpr (S >= 4) v |= __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+  if constexpr (S >= 2) v |= __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+  return v;
+}
+
+// The codes of 64 consecutive elements (four vectors of sixteen, 0..2^BITS - 1), packed into
+// 8 * BITS bytes at ``out`` as store_codes16 lays them out (BITS 1, 2 or 4).
+template <int BITS>
+inline void store_codes64(uint8_t* out, const i16l* c) {
+  if constexpr (BITS == 1) {  // 32 elements a word: two vectors fill one
+    const u16l ab = ((u16l)c[0] << LANES16) | ((u16l)c[1] << (LANES16 + 16));
+    const u16l cd = ((u16l)c[2] << LANES16) | ((u16l)c[3] << (LANES16 + 16));
+    const u16l m = or_segments<8>(merge<16>(ab, cd));
+    const uint32_t words[2] = {m[0], m[8]};
+    std::memcpy(out, words, 8);
+  } else if constexpr (BITS == 2) {  // a word a vector
+    const u16l shift = LANES16 * 2;
+    const u16l m = or_segments<4>(merge<8>(merge<16>((u16l)c[0] << shift, (u16l)c[1] << shift),
+                                           merge<16>((u16l)c[2] << shift, (u16l)c[3] << shift)));
+    const uint32_t words[4] = {m[0], m[4], m[8], m[12]};
+    std::memcpy(out, words, 16);
+  } else {  // 4 bits: two words a vector
+    static_assert(BITS == 4);
+    const u16l shift = (LANES16 & splat16_u(7)) * 4;
+    const u16l m = or_segments<2>(merge<4>(merge<8>((u16l)c[0] << shift, (u16l)c[1] << shift),
+                                           merge<8>((u16l)c[2] << shift, (u16l)c[3] << shift)));
+    const u16l even = __builtin_shufflevector(m, m, 0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
+    std::memcpy(out, &even, 32);
+  }
+}
+
+// The codes of elements j..j+63 of a group (j a multiple of 64) into the group's code bytes.
+template <int BITS>
+inline void store_group_codes64(uint8_t* codes, int64_t group, int64_t j, const i16l* c) {
+  if constexpr (BITS == 8) {
+    for (int v = 0; v < 4; ++v) {
+      const b16 bytes = __builtin_convertvector(c[v], b16);
+      std::memcpy(codes + j + 16 * v, &bytes, 16);
+    }
+  } else if constexpr (BITS == 3) {  // the low plane as 2-bit codes, the high bit as 1-bit ones
+    const i16l low[4] = {c[0] & splat16_i(3), c[1] & splat16_i(3), c[2] & splat16_i(3), c[3] & splat16_i(3)};
+    const i16l high[4] = {c[0] >> 2, c[1] >> 2, c[2] >> 2, c[3] >> 2};
+    store_codes64<2>(codes + j / 4, low);
+    store_codes64<1>(codes + group / 4 + j / 8, high);
+  } else {
+    store_codes64<BITS>(codes + j * BITS / 8, c);
+  }
+}
+#endif  // GACT_SIXTEEN_LANES
+
 // One group of ``group`` elements at ``src`` (element ``base`` of the tensor): two passes
 // from the L1 cache, the statistics, then noise, rounding and packing eight lanes at a time.
 template <int BITS, typename T>
@@ -208,11 +334,30 @@ void encode_group(const T* src, uint64_t base, int64_t g, int64_t group, int64_t
   // NaN by their comparisons.
   const i8 odd_from = splat_i((int32_t)bits_of(dmax));
   i8 odd_any = splat_i(0);
-  for (int64_t j = 0; j < group; j += 8) {
-    const f8 a = load8(src + j);
-    odd_any |= ((i8)a & splat_i(0x7FFFFFFF)) >= odd_from;
-    low8 = a < low8 ? a : low8;
-    high8 = a > high8 ? a : high8;
+#if GACT_SIXTEEN_LANES
+  if ((group & 15) == 0) {  // sixteen lanes, then their halves folded into eight
+    const i16l odd_from16 = splat16_i((int32_t)bits_of(dmax));
+    f16l low16 = splat16(INFINITY), high16 = splat16(-INFINITY);
+    i16l odd16 = splat16_i(0);
+    for (int64_t j = 0; j < group; j += 16) {
+      const f16l a = load16(src + j);
+      odd16 |= ((i16l)a & splat16_i(0x7FFFFFFF)) >= odd_from16;
+      low16 = a < low16 ? a : low16;
+      high16 = a > high16 ? a : high16;
+    }
+    const f8 low_a = low_half(low16), low_b = high_half(low16), high_a = low_half(high16), high_b = high_half(high16);
+    low8 = low_b < low_a ? low_b : low_a;
+    high8 = high_b > high_a ? high_b : high_a;
+    odd_any = (i8)low_half((f16l)odd16) | (i8)high_half((f16l)odd16);
+  } else
+#endif
+  {
+    for (int64_t j = 0; j < group; j += 8) {
+      const f8 a = load8(src + j);
+      odd_any |= ((i8)a & splat_i(0x7FFFFFFF)) >= odd_from;
+      low8 = a < low8 ? a : low8;
+      high8 = a > high8 ? a : high8;
+    }
   }
   // flagged: the group holds a special value, kept exactly under the top code
   bool flagged = false, has_nan = false;
@@ -276,6 +421,34 @@ void encode_group(const T* src, uint64_t base, int64_t g, int64_t group, int64_t
     const i8 code = __builtin_convertvector(t, i8);
     return flagged ? (special8(a, extreme) ? splat_i(L) : code) : code;  // only such a group has elements to mark
   };
+#if GACT_SIXTEEN_LANES
+  if ((base & 63) == 0 && (group & 63) == 0) {
+    // The common case at sixteen lanes: 64 elements a step, two vectors of pair hashes.
+    const f16l lo_half16 = splat16(lo * 0.5f), used_half16 = splat16(used * 0.5f), ceiling16 = splat16((float)top),
+               zero16 = splat16(0.0f), extreme16 = splat16(dmax);
+    const auto encode = [&](auto marks) {  // marks: whether special values take the top code
+      const auto code16 = [&](f16l a, f16l u) {  // code_of, sixteen lanes at a time
+        f16l t = (a * 0.5f - lo_half16) / used_half16 + u;
+        t = t > zero16 ? t : zero16;
+        t = t < ceiling16 ? t : ceiling16;
+        const i16l code = __builtin_convertvector(t, i16l);
+        if constexpr (decltype(marks)::value) return special16(a, extreme16) ? splat16_i(L) : code;
+        return code;
+      };
+      for (int64_t j = 0; j < group; j += 64) {
+        const u16l first = pair_hash16(base + j, key), second = pair_hash16(base + j + 32, key);
+        const i16l c[4] = {code16(load16(src + j), uniforms16(first, false)),
+                           code16(load16(src + j + 16), uniforms16(first, true)),
+                           code16(load16(src + j + 32), uniforms16(second, false)),
+                           code16(load16(src + j + 48), uniforms16(second, true))};
+        store_group_codes64<BITS>(codes, group, j, c);
+      }
+    };
+    if (flagged) encode(std::true_type{});
+    else encode(std::false_type{});
+    return;
+  }
+#endif
   if ((base & 15) == 0 && (group & 15) == 0) {
     // The common case: sixteen elements at a time, whole pairs of one vector of hashes,
     // with no branch on where a pair starts.
@@ -346,6 +519,48 @@ inline void store8(f16* p, f8 v) {
 }
 #endif
 
+#if GACT_SIXTEEN_LANES
+inline void store16(float* p, f16l v) { std::memcpy(p, &v, sizeof(v)); }
+inline void store16(bf16* p, f16l v) {  // as store8
+  const u16l bits = (u16l)v;
+  const u16l rounded = (bits + splat16_u(0x7FFFu) + ((bits >> 16) & splat16_u(1))) >> 16;
+  const h16 halves = __builtin_convertvector(v != v ? splat16_u(0x7FC0u) : rounded, h16);
+  std::memcpy(p, &halves, sizeof(halves));
+}
+inline void store16(f16* p, f16l v) {
+  __m512 wide; std::memcpy(&wide, &v, sizeof(v));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(wide, _MM_FROUND_TO_NEAREST_INT));
+}
+
+// The codes of elements j..j+15 of a group (j a multiple of 16), one per lane.
+template <int BITS>
+inline u16l load_codes16(const uint8_t* codes, int64_t group, int64_t j) {
+  constexpr uint32_t L = (1u << BITS) - 1;
+  if constexpr (BITS == 8) {  // GCC compiles the generic conversion of bytes to scalar code
+    u16l code;
+    const __m512i wide = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + j)));
+    std::memcpy(&code, &wide, sizeof(code));
+    return code;
+  } else if constexpr (BITS == 3) {
+    uint32_t low;
+    uint16_t high;
+    std::memcpy(&low, codes + j / 4, 4);
+    std::memcpy(&high, codes + group / 4 + j / 8, 2);
+    return ((splat16_u(low) >> (LANES16 * 2)) & splat16_u(3)) | (((splat16_u(high) >> LANES16) & splat16_u(1)) << 2);
+  } else if constexpr (BITS == 4) {  // two words, eight codes each
+    uint32_t words[2];
+    std::memcpy(words, codes + j / 2, 8);
+    const u16l both = __builtin_shufflevector(splat_u(words[0]), splat_u(words[1]), 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
+                                              11, 12, 13, 14, 15);
+    return (both >> ((LANES16 & splat16_u(7)) * 4)) & splat16_u(L);
+  } else {  // 1 or 2 bits: one word at most
+    uint32_t packed = 0;
+    std::memcpy(&packed, codes + j * BITS / 8, 2 * BITS);
+    return (splat16_u(packed) >> (LANES16 * BITS)) & splat16_u(L);
+  }
+}
+#endif  // GACT_SIXTEEN_LANES
+
 template <int BITS, typename T>
 void decode_group(const uint8_t* blob, int64_t numel, int64_t g, int64_t group, int64_t groups, T* out, float dmax) {
   constexpr uint32_t L = (1u << BITS) - 1;
@@ -362,12 +577,29 @@ void decode_group(const uint8_t* blob, int64_t numel, int64_t g, int64_t group, 
   alignas(64) T tail[MAX_GROUP];
   const bool partial = base + group > numel;
   T* target = partial ? tail : out + base;
-  for (int64_t j = 0; j < group; j += 8) {
+  int64_t j = 0;
+#if GACT_SIXTEEN_LANES
+  if ((group & 15) == 0) {  // sixteen lanes
+    const f16l special16 = splat16(special[0]), scale16 = splat16(scale), lo16 = splat16(lo[0]);
+    const u16l marker16 = splat16_u(marker[0]);
+    for (; j < group; j += 16) {
+      const u16l code = load_codes16<BITS>(codes, group, j);
+      const f16l product = __builtin_convertvector((i16l)code, f16l) * scale16;
+      store16(target + j, code == marker16 ? special16 : product + lo16);
+    }
+  }
+#endif
+  for (; j < group; j += 8) {
     u8 code;
     if constexpr (BITS == 8) {
+#if defined(__AVX2__)
+      const __m256i wide = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + j)));
+      std::memcpy(&code, &wide, sizeof(code));
+#else
       b8 bytes;
       std::memcpy(&bytes, codes + j, 8);
       code = __builtin_convertvector(bytes, u8);
+#endif
     } else if constexpr (BITS == 3) {
       uint32_t low = 0;
       std::memcpy(&low, codes + j / 4, 2);
