@@ -12,7 +12,8 @@ words of 64 elements gathered in one tree of shuffles, and eight lanes elsewhere
 is one pass too. For ``feature_groups`` a second pair of kernels takes a row-major
 [tokens, features] matrix and writes the blob of its transpose (each group one feature's
 tokens, eight groups in eight lanes), and decodes back into the matrix: no transposed
-copy either way. Groups run in parallel under OpenMP,
+copy either way. bool masks (ReLU's, dropout's) are packed eight to a byte here too. Groups
+run in parallel under OpenMP,
 which follows ``torch.set_num_threads``. (Inductor compiles with
 ``-fno-tree-loop-vectorize``: loops left to the auto-vectoriser ran 4x slower.)
 
@@ -901,6 +902,24 @@ int decode_transposed_typed(const uint8_t* blob, int64_t N, int64_t C, int64_t g
   return 1;
 }
 
+// Bool masks, one bit an element (runtime.format): element k in bit k % 8 of byte k / 8.
+// The torch reference spends a dozen full passes on this (casts, shifts, a sum); here
+// eight elements are one multiply and one table lookup.
+struct SpreadTable {  // byte b -> eight bytes, byte k holding bit k of b
+  uint64_t bytes[256];
+  constexpr SpreadTable() : bytes() {
+    for (int b = 0; b < 256; ++b)
+      for (int k = 0; k < 8; ++k) bytes[b] |= (uint64_t)((b >> k) & 1) << (8 * k);
+  }
+};
+constexpr SpreadTable SPREAD{};
+
+// The low bits of eight bytes, gathered into one byte: each byte's bit lands at 56 + its
+// index, and no two partial products share a bit, so nothing carries.
+inline uint8_t gather_bits(uint64_t eight) {
+  return (uint8_t)(((eight & 0x0101010101010101ull) * 0x0102040810204080ull) >> 56);
+}
+
 inline uint32_t key_word(const int64_t* key, int from_state) {
   const uint32_t k0 = (uint32_t)key[0];
   const uint32_t second = (uint32_t)key[1];
@@ -933,6 +952,30 @@ extern "C" void gact_noise(uint64_t first, int64_t count, const int64_t* key, fl
     std::memcpy(out + j, &low, sizeof(low));
     std::memcpy(out + j + 8, &high, sizeof(high));
   }
+}
+
+// A bool mask's bits into ceil(numel / 8) bytes at ``out``.
+extern "C" void gact_pack_bool(const uint8_t* mask, int64_t numel, uint8_t* out) {
+  const int64_t whole = numel / 8;
+#pragma omp parallel for schedule(static) if (whole > 262144)
+  for (int64_t i = 0; i < whole; ++i) {
+    uint64_t eight;
+    std::memcpy(&eight, mask + 8 * i, 8);
+    out[i] = gather_bits(eight);
+  }
+  if (numel % 8) {
+    uint8_t last = 0;
+    for (int64_t k = 0; k < numel % 8; ++k) last |= (uint8_t)((mask[8 * whole + k] & 1) << k);
+    out[whole] = last;
+  }
+}
+
+// The mirror: numel bools (bytes 0 or 1) at ``out``.
+extern "C" void gact_unpack_bool(const uint8_t* packed, int64_t numel, uint8_t* out) {
+  const int64_t whole = numel / 8;
+#pragma omp parallel for schedule(static) if (whole > 262144)
+  for (int64_t i = 0; i < whole; ++i) std::memcpy(out + 8 * i, &SPREAD.bytes[packed[i]], 8);
+  for (int64_t k = 0; k < numel % 8; ++k) out[8 * whole + k] = (packed[whole] >> k) & 1;
 }
 
 // dtype as for gact_encode; 3 when this machine cannot write float16 (no F16C): decode to float32.
@@ -1000,6 +1043,8 @@ def library():
     lib.gact_encode_transposed.argtypes = [pointer, size, size, size, pointer, pointer, flag, flag, ctypes.c_float,
                                            ctypes.c_float, flag]
     lib.gact_decode_transposed.argtypes = [pointer, size, size, size, pointer, flag, ctypes.c_float, flag]
+    lib.gact_pack_bool.argtypes = lib.gact_unpack_bool.argtypes = [pointer, size, pointer]
+    lib.gact_pack_bool.restype = lib.gact_unpack_bool.restype = None
     lib.gact_encode.restype = lib.gact_decode.restype = flag
     lib.gact_encode_transposed.restype = lib.gact_decode_transposed.restype = flag
     lib.gact_noise.restype = None
@@ -1028,6 +1073,24 @@ def quantize(flat: torch.Tensor, bits: int, group_size: int, *, state=None, key=
     if status:
         raise ValueError(f"gact CPU codec: unsupported width {bits} or group size {group_size} (at most {MAX_GROUP})")
     return blob
+
+
+def pack_bool(mask: torch.Tensor) -> torch.Tensor:
+    """The blob of a 1-D bool CPU tensor: one bit an element, lossless (the reference's, bit for bit)."""
+    mask = mask.contiguous()
+    numel = mask.numel()
+    blob = torch.empty(fmt.bool_blob_nbytes(numel), dtype=torch.uint8)
+    blob[(numel + 7) // 8 :] = 0  # padding and tag
+    library().gact_pack_bool(mask.data_ptr(), numel, blob.data_ptr())
+    return blob
+
+
+def unpack_bool(blob: torch.Tensor, numel: int) -> torch.Tensor:
+    """The ``numel`` bools a ``pack_bool`` blob holds."""
+    blob = blob.contiguous()
+    out = torch.empty(numel, dtype=torch.bool)
+    library().gact_unpack_bool(blob.data_ptr(), numel, out.data_ptr())
+    return out
 
 
 def transposable(tokens: int, features: int, group_size: int, dtype: torch.dtype) -> bool:

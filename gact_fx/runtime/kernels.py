@@ -7,7 +7,8 @@ bit for bit. ``GACT_FX_KERNELS`` forces one: ``triton`` on any device (with
 (CPU tensors), or ``reference``; unset (``auto``), Triton serves CUDA tensors when it is
 installed and the C++ codec (``runtime.cpu_kernels``) serves CPU tensors when it could
 be compiled. Triton and the C++ codec are loaded on first use, never at import time.
-bool masks and 32-bit pass-through always take the reference path (a copy or a bit-pack).
+bool masks take the C++ codec's bit-pack on the CPU and the reference's elsewhere;
+32-bit pass-through is a copy.
 
 ``encode_permuted`` and ``decode_permuted`` take a tensor in the order of a permutation;
 for the feature-major order of ``feature_groups`` the C++ codec reads and writes the
@@ -46,11 +47,16 @@ def _choice() -> str:
     return choice
 
 
-def implementation(tensor: torch.Tensor, bits: int) -> str:
-    """'triton', 'cpu' or 'reference' for a tensor (or blob) of this device and width."""
-    if tensor.dtype == torch.bool or bits == fmt.PASS_THROUGH_BITS or tensor.numel() == 0:
+def implementation(tensor: torch.Tensor, bits: int, dtype: torch.dtype | None = None) -> str:
+    """'triton', 'cpu' or 'reference' for a tensor (or blob, with the ``dtype`` it decodes
+    to) of this device and width."""
+    if tensor.numel() == 0:
         return "reference"
     choice = _choice()
+    if (dtype or tensor.dtype) == torch.bool:  # a mask, at 1 bit whatever ``bits``
+        return "cpu" if choice in ("auto", "cpu") and tensor.device.type == "cpu" and _codec_available() else "reference"
+    if bits == fmt.PASS_THROUGH_BITS:
+        return "reference"
     if choice == "triton":
         if not triton_installed():
             raise RuntimeError("GACT_FX_KERNELS=triton but Triton is not installed (pip install 'gact-fx[triton]')")
@@ -73,6 +79,12 @@ def implementation(tensor: torch.Tensor, bits: int) -> str:
     return "reference"
 
 
+def _codec_available() -> bool:
+    from . import cpu_kernels
+
+    return cpu_kernels.available()
+
+
 def uses_triton(tensor: torch.Tensor, bits: int) -> bool:
     return implementation(tensor, bits) == "triton"
 
@@ -87,6 +99,8 @@ def encode(flat: torch.Tensor, bits: int, group_size: int, *, state=None, key=No
     if chosen == "cpu":
         from . import cpu_kernels
 
+        if flat.dtype == torch.bool:
+            return cpu_kernels.pack_bool(flat)
         if group_size <= cpu_kernels.MAX_GROUP and flat.dtype in cpu_kernels.DTYPE_CODES:
             return cpu_kernels.quantize(flat, bits, group_size, state=state, key=key)
     noise = None
@@ -98,7 +112,7 @@ def encode(flat: torch.Tensor, bits: int, group_size: int, *, state=None, key=No
 def decode(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int) -> torch.Tensor:
     """1-D tensor of ``numel`` elements of ``dtype`` from a blob."""
     bits = fmt.bits_from_blob_nbytes(blob.numel())
-    chosen = "reference" if dtype == torch.bool else implementation(blob, bits)
+    chosen = implementation(blob, bits, dtype=dtype)
     if chosen == "triton":
         from . import triton_kernels
 
@@ -106,6 +120,8 @@ def decode(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int) 
     if chosen == "cpu":
         from . import cpu_kernels
 
+        if dtype == torch.bool:
+            return cpu_kernels.unpack_bool(blob, numel)
         return cpu_kernels.dequantize(blob, numel, dtype, group_size)
     return dequantize_reference(blob, numel, dtype, group_size)
 

@@ -79,9 +79,19 @@ def test_the_ops_use_the_codec_on_the_cpu_by_default(monkeypatch):
     monkeypatch.delenv("GACT_FX_KERNELS", raising=False)
     x = torch.randn(1000)
     assert kernels.implementation(x, 2) == "cpu"
-    assert kernels.implementation(x.bool(), 2) == "reference" and kernels.implementation(x, 32) == "reference"
+    assert kernels.implementation(x.bool(), 2) == "cpu" and kernels.implementation(x.bool(), 32) == "cpu"
+    assert kernels.implementation(x, 32) == "reference"
     monkeypatch.setenv("GACT_FX_KERNELS", "reference")
-    assert kernels.implementation(x, 2) == "reference"
+    assert kernels.implementation(x, 2) == "reference" and kernels.implementation(x.bool(), 2) == "reference"
+
+
+@pytest.mark.parametrize("numel", [0, 1, 7, 8, 1000, 70_001])
+def test_bool_masks_pack_and_unpack_as_the_reference(numel):
+    mask = torch.rand(numel, generator=torch.Generator().manual_seed(numel)) > 0.5
+    blob = cpu_kernels.pack_bool(mask)
+    assert torch.equal(blob, quantize_reference(mask, 1, 256, None))
+    assert torch.equal(cpu_kernels.unpack_bool(blob, numel), mask)
+    assert torch.equal(kernels.decode(kernels.encode(mask, 2, 256), numel, torch.bool, 256), mask)  # the ops' path
 
 
 @pytest.mark.parametrize("first", [0, 2**32 - 16, 2**33 - 16, 2**33, 3 * 2**33 + 48])
