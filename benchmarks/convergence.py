@@ -2,6 +2,7 @@
 
     python benchmarks/convergence.py --task mnist1d --steps 2000
     python benchmarks/convergence.py --task charlm --steps 1000 --methods fp32 "L1.2 (2 bit)" "L2.2 (adaptive 2)"
+    python benchmarks/convergence.py --task charlm-llama --steps 1000 --clip-grad-norm 1.0   # as the transformers Trainer
 
 Methods can run in separate processes (``--part NAME`` writes ``convergence_<task>.NAME.json``)
 and be merged (``--merge``), so that two cores train two methods at once. Writes
@@ -92,17 +93,22 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--part", help="write convergence_<task>.PART.json only (merge the parts later)")
     parser.add_argument("--merge", nargs="+", metavar="PART", help="merge these parts into convergence_<task>.json")
+    parser.add_argument("--clip-grad-norm", type=float, metavar="NORM",
+                        help="clip the gradients' total norm to NORM before each step (results: convergence_<task>_clipNORM, "
+                             "0.5 written 0p5)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     task = TASKS[args.task](seed=args.seed)
-    stem = RESULTS / (f"convergence_{args.task}" + (f"_seed{args.seed}" if args.seed else ""))
+    clip = f"_clip{args.clip_grad_norm:g}".replace(".", "p") if args.clip_grad_norm else ""  # no dot: parts are suffixes
+    stem = RESULTS / (f"convergence_{args.task}{clip}" + (f"_seed{args.seed}" if args.seed else ""))
     if args.merge:
         parts = [json.loads(stem.with_suffix(f".{name}.json").read_text()) for name in args.merge]
         results = [TrainResult(**r) for part in parts for r in part["results"]]
         meta = dict(parts[0]["meta"], command=" and ".join(part["meta"]["command"] for part in parts))
         return write(results, task, stem, meta)
     RESULTS.mkdir(exist_ok=True)
-    meta = metadata("cpu") | {"compiler": f"auto ({resolve_compiler('auto', ())} on the CPU)", "threads": args.threads, "seed": args.seed}
+    meta = metadata("cpu") | {"compiler": f"auto ({resolve_compiler('auto', ())} on the CPU)", "threads": args.threads, "seed": args.seed,
+                                **({"clip_grad_norm": args.clip_grad_norm} if args.clip_grad_norm else {})}
     results = []
     for method in args.methods:
         def progress(result):
@@ -111,7 +117,8 @@ def main(argv=None):
 
         print(f"{task.name}: {method}", file=sys.stderr, flush=True)
         torch._dynamo.reset()
-        results.append(train(task, method, METHODS[method], steps=args.steps, eval_every=args.eval_every, seed=args.seed, progress=progress))
+        results.append(train(task, method, METHODS[method], steps=args.steps, eval_every=args.eval_every, seed=args.seed,
+                             progress=progress, max_grad_norm=args.clip_grad_norm))
         if args.part:  # after each method, so that a run stopped early keeps what it finished
             stem.with_suffix(f".{args.part}.json").write_text(
                 json.dumps({"meta": meta, "results": [dataclasses.asdict(r) for r in results]}, indent=1))

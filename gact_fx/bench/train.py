@@ -62,16 +62,20 @@ class TrainResult:
 
 
 def train(task, method: str, options: dict | Method, *, steps: int, eval_every: int, seed: int = 0,
-          progress=None, compiler: str = "auto") -> TrainResult:
-    """``options``: gact options, or a ``bench.methods.Method`` (compiled with ``compiler``)."""
+          progress=None, compiler: str = "auto", max_grad_norm: float | None = None) -> TrainResult:
+    """``options``: gact options, or a ``bench.methods.Method`` (compiled with ``compiler``).
+    ``max_grad_norm``: clip the gradients' total norm to it before each step (as the
+    transformers Trainer does by default, at 1.0); the recorded norms are the unclipped ones."""
     if isinstance(options, Method):
         with options.patches():
             gact = dict(options.gact) if options.gact is not None else {"enabled": False}
-            return _train(task, method, options.backend(compiler), gact, steps, eval_every, seed, progress)
-    return _train(task, method, gact_fx.backend(**options), dict(options), steps, eval_every, seed, progress)
+            return _train(task, method, options.backend(compiler), gact, steps, eval_every, seed, progress,
+                          max_grad_norm)
+    return _train(task, method, gact_fx.backend(**options), dict(options), steps, eval_every, seed, progress,
+                  max_grad_norm)
 
 
-def _train(task, method, backend, options, steps, eval_every, seed, progress) -> TrainResult:
+def _train(task, method, backend, options, steps, eval_every, seed, progress, max_grad_norm=None) -> TrainResult:
     torch.manual_seed(seed)
     gact_fx.manual_seed(seed)
     model = task.model()
@@ -87,6 +91,8 @@ def _train(task, method, backend, options, steps, eval_every, seed, progress) ->
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         result.grad_norms.append(_gradient_norm(model))
+        if max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
         optimizer.step()
         schedule.step()
         if not torch.isfinite(loss):

@@ -323,7 +323,7 @@ inline void store_group_codes64(uint8_t* codes, int64_t group, int64_t j, const 
 #endif  // GACT_SIXTEEN_LANES
 
 // One group of ``group`` elements at ``src`` (element ``base`` of the tensor): two passes
-// from the L1 cache, the statistics, then noise, rounding and packing eight lanes at a time.
+// from the L1 cache, the statistics, then noise, rounding and packing, sixteen or eight lanes at a time.
 template <int BITS, typename T>
 void encode_group(const T* src, uint64_t base, int64_t g, int64_t group, int64_t groups, uint8_t* blob,
                   uint32_t key, float dmax, float scale_max) {
