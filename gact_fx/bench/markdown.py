@@ -159,6 +159,9 @@ TABLE_FILES = {
     "cpu_peak_memory_base_bert.json": ("Peak step memory on the CPU: every method on BERT at the zoo's base size",
                                        "`benchmarks/cpu_peak_memory.py --models bert --layers 12 --sequence 512 "
                                        "--batch 16 --steps 1 --name cpu_peak_memory_base_bert`."),
+    "cpu_step_base_inductor.json": ("Step time on the CPU under Inductor: transformers at base width",
+                                    "`benchmarks/cpu_peak_memory.py --methods torch.compile 'gact 2 bit' --compiler inductor "
+                                    "--steps 5 --name cpu_step_base_inductor`: the table above, compiled by Inductor."),
     "kernels.json": ("Kernels: quantize / dequantize bandwidth and step time",
                      "Against the faster of two copies of the same tensor on the same device: into a new tensor, and "
                      "into a buffer allocated once."),
