@@ -1,0 +1,67 @@
+"""The CPU codec compiled for older x86 ISAs: still the reference's blob, bit for bit.
+
+Inductor compiles the codec with ``-march=native``, so on an AVX-512 machine the suite
+only exercises its sixteen-lane code. Here g++ builds the same source for x86-64-v3 (AVX2,
+the eight-lane code) and plain x86-64 (no AVX, no F16C: the scalar half-float paths).
+"""
+
+import ctypes
+import platform
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from gact_fx import _compat
+from gact_fx.runtime import cpu_kernels, noise
+from gact_fx.runtime import format as fmt
+from gact_fx.runtime.reference import dequantize_reference, quantize_reference
+
+if platform.machine() not in ("x86_64", "AMD64") or shutil.which("g++") is None:
+    pytest.skip("needs an x86-64 machine with g++", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def libraries(tmp_path_factory):
+    """-march -> the codec compiled for it (a path), built on first use."""
+    built = {}
+
+    def build(march):
+        if march not in built:
+            folder = tmp_path_factory.mktemp(march)
+            source, library = folder / "codec.cpp", folder / "codec.so"
+            source.write_text(cpu_kernels._SOURCE)
+            flags = ["-O2", f"-march={march}", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off", "-std=c++20"]
+            subprocess.run(["g++", *flags, str(source), "-o", str(library)], check=True, capture_output=True)
+            built[march] = library
+        return built[march]
+
+    return build
+
+
+@pytest.fixture(params=["x86-64-v3", "x86-64"])
+def codec_for(request, libraries, monkeypatch):
+    """``cpu_kernels`` with its library compiled for the parametrised -march."""
+    library = libraries(request.param)
+    monkeypatch.setattr(_compat, "compile_cpp_library", lambda _: ctypes.CDLL(str(library)))
+    cpu_kernels.library.cache_clear()
+    yield cpu_kernels
+    cpu_kernels.library.cache_clear()  # the next caller compiles for this machine again
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_blobs_and_decodes_match_the_reference(codec_for, dtype):
+    x = (torch.randn(3 * 256 + 77, generator=torch.Generator().manual_seed(5)) * 3).to(dtype)
+    x[300] = float("inf")  # a flagged group
+    for bits in (1, 2, 3, 4, 8):
+        key = noise.key_of(11, bits)
+        blob = codec_for.quantize(x, bits, 256, key=key)
+        groups = fmt.num_groups(x.numel(), 256)
+        assert torch.equal(blob, quantize_reference(x, bits, 256, noise.rounding_noise(groups, 256, key))), bits
+        decoded = codec_for.dequantize(blob, x.numel(), dtype, 256)
+        expected = dequantize_reference(blob, x.numel(), dtype, 256)  # NaN where a 1-bit group is poisoned
+        assert torch.equal(decoded.isnan(), expected.isnan()), bits
+        assert torch.equal(decoded[~decoded.isnan()], expected[~expected.isnan()]), bits
+    mask = x.float() > 0
+    assert torch.equal(codec_for.unpack_bool(codec_for.pack_bool(mask), mask.numel()), mask)
