@@ -53,33 +53,29 @@ def implementation(tensor: torch.Tensor, bits: int, dtype: torch.dtype | None = 
     if tensor.numel() == 0:
         return "reference"
     choice = _choice()
+    on_cpu = tensor.device.type == "cpu"
     if (dtype or tensor.dtype) == torch.bool:  # a mask, at 1 bit whatever ``bits``
-        return "cpu" if choice in ("auto", "cpu") and tensor.device.type == "cpu" and _codec_available() else "reference"
+        return "cpu" if choice in ("auto", "cpu") and on_cpu and _codec_available() else "reference"
     if bits == fmt.PASS_THROUGH_BITS:
         return "reference"
     if choice == "triton":
         if not triton_installed():
             raise RuntimeError("GACT_FX_KERNELS=triton but Triton is not installed (pip install 'gact-fx[triton]')")
         return "triton"
-    on_cpu = tensor.device.type == "cpu"
     if choice == "cpu":
-        from . import cpu_kernels
-
-        if not on_cpu or not cpu_kernels.available():
+        if not on_cpu or not _codec_available():
             raise RuntimeError("GACT_FX_KERNELS=cpu needs CPU tensors and a C++ compiler (see the warning above)")
         return "cpu"
     if choice == "auto":
         if tensor.device.type == "cuda" and triton_installed():
             return "triton"
-        if on_cpu:
-            from . import cpu_kernels
-
-            if cpu_kernels.available():
-                return "cpu"
+        if on_cpu and _codec_available():
+            return "cpu"
     return "reference"
 
 
 def _codec_available() -> bool:
+    """Whether the C++ CPU codec compiled here (imported on first use, never at import time)."""
     from . import cpu_kernels
 
     return cpu_kernels.available()
