@@ -165,6 +165,9 @@ TABLE_FILES = {
     "kernels.json": ("Kernels: quantize / dequantize bandwidth and step time",
                      "Against the faster of two copies of the same tensor on the same device: into a new tensor, and "
                      "into a buffer allocated once."),
+    "kernels_cpu_2threads.json": ("Kernels on two CPU threads",
+                                  "`benchmarks/kernels.py --skip-steps --threads 2 --name kernels_cpu_2threads`: the "
+                                  "codec's groups split over torch's threads, the copies likewise."),
     "kernels_cpu_large.json": ("Kernels on large CPU tensors", "`benchmarks/kernels.py --skip-steps --numel 33554432 "
                                "--name kernels_cpu_large`: 32M elements, larger than the caches, as saved activations of "
                                "base-size models are (BERT-base's attention probabilities at batch 16 x 512: 48M)."),
