@@ -4,8 +4,11 @@ Trains a convergence task's model (``charlm``: the GPT, ``charlm-llama``: the Ll
 in fp32 for ``--warmup`` steps, then takes one batch's exact gradient and ``--draws``
 compressed ones per configuration: the mean relative error of one draw, and the error
 of their mean against the averaging floor (one draw's error / sqrt(draws); about 1 when
-the gradient is unbiased). Adaptive levels first probe every tensor (two calls, not
-counted). CPU, eager path, 1 thread. Prints a Markdown table.
+the gradient is unbiased), and one draw's error per parameter tensor (the root mean
+square over tensors of each one's relative error: the noise an Adam-type optimiser's
+update carries, as it divides each gradient by its own scale). Adaptive levels first
+probe every tensor (two calls, not counted). CPU, eager path, 1 thread. Prints a
+Markdown table.
 
     python benchmarks/warm_gradient_error.py --task charlm-llama
     python benchmarks/warm_gradient_error.py --task charlm --configs "uniform 2" "L2.2"
@@ -28,9 +31,12 @@ from tests.helpers import flat_grad, loss_draws, relative_error  # noqa: E402
 _PROBE_ALL = {"probe_tensors": 10_000, "adapt_interval": 10**6}  # every tensor measured once, then frozen
 CONFIGS = {
     "uniform 4": {"bits": 4},
+    "uniform 4, feature groups": {"bits": 4, "feature_groups": True},
     "uniform 2": {"bits": 2},
     "uniform 2, feature groups": {"bits": 2, "feature_groups": True},
     "L2.1": {"level": "L2.1", **_PROBE_ALL},
+    "L2.1, feature groups, relative metric": {"level": "L2.1", "feature_groups": True, "gradient_metric": "relative",
+                                              **_PROBE_ALL},
     "L2.2": {"level": "L2.2", **_PROBE_ALL},
     "L2.2, feature groups": {"level": "L2.2", "feature_groups": True, **_PROBE_ALL},
     "L2.2, no rebuilt tensors": {"level": "L2.2", "recompute_affine": False, **_PROBE_ALL},
@@ -38,6 +44,12 @@ CONFIGS = {
     "L2.2, feature groups, relative metric": {"level": "L2.2", "feature_groups": True, "gradient_metric": "relative",
                                               **_PROBE_ALL},
 }
+
+
+def per_parameter_error(draw: torch.Tensor, exact: torch.Tensor, sizes: list[int]) -> float:
+    """The root mean square over parameter tensors of each one's relative error."""
+    errors = [relative_error(d, e) for d, e in zip(draw.split(sizes), exact.split(sizes)) if e.norm() > 0]
+    return (sum(e * e for e in errors) / len(errors)) ** 0.5
 
 
 def warm_model(task, steps: int):
@@ -76,16 +88,19 @@ def main(argv=None) -> None:
     model.zero_grad(set_to_none=True)
     task.loss(model(tokens), targets).backward()
     exact = flat_grad(model)
-    print("| configuration | one draw's error | mean's error / averaging floor | activations vs fp32 |")
-    print("| --- | --- | --- | --- |")
+    sizes = [p.numel() for p in model.parameters() if p.grad is not None]
+    print("| configuration | one draw's error | mean's error / averaging floor | one draw's error per parameter "
+          "tensor | activations vs fp32 |")
+    print("| --- | --- | --- | --- | --- |")
     for name in args.configs:
         print(f"  {name} ...", file=sys.stderr, flush=True)
         grads, report = draws(model, batch, task.loss, CONFIGS[name], args.draws)
         single = sum(relative_error(g, exact) for g in grads) / len(grads)
         floor = single / len(grads) ** 0.5
+        per_tensor = sum(per_parameter_error(g, exact, sizes) for g in grads) / len(grads)
         ratio = report.activation_bytes_before / max(1, report.activation_bytes_after)
         print(f"| {name} | {single:.3f} | {relative_error(torch.stack(grads).mean(0), exact) / floor:.2f} | "
-              f"{ratio:.1f}x smaller |", flush=True)
+              f"{per_tensor:.3f} | {ratio:.1f}x smaller |", flush=True)
 
 
 if __name__ == "__main__":

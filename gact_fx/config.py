@@ -34,6 +34,10 @@ LEVELS = {
     "L3": {"avg_bits": 4.0, "offload": True},  # L2, with the compressed blobs kept in CPU memory
 }
 _LEVEL_FIELDS = {"enabled", "bits", "avg_bits", "offload"}
+# What the adaptive levels also choose unless the caller passes it: groups along each
+# feature's tokens, which ended closer to fp32 at L2.2 on every seed of both character
+# LMs (README, "Accuracy"). ``avg_bits`` given directly keeps the plain defaults.
+ADAPTIVE_LEVEL_DEFAULTS = {"feature_groups": True}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -85,7 +89,8 @@ class GactConfig:
     """Form each group from ``group_size`` tokens of one feature (the tensor's innermost
     dimension) instead of ``group_size`` contiguous elements, so that a feature with a
     wide range does not set the scale of its neighbours; the backward gets the tensor
-    back in its own layout (one copy more)."""
+    back in its own layout (one copy more). The adaptive levels turn it on
+    (``ADAPTIVE_LEVEL_DEFAULTS``)."""
 
     min_numel: int = 4096
     """Saved tensors with fewer elements stay in full precision (too small to matter)."""
@@ -214,8 +219,10 @@ class GactConfig:
     def from_options(cls, options: Mapping[str, Any] | None = None, **more: Any) -> GactConfig:
         """Build from a ``torch.compile`` options dict; unknown names are an error.
 
-        ``level`` (GACT's L0, L1, L1.1, L1.2, L2, L2.1, L2.2) is a preset for
-        ``enabled``/``bits``/``avg_bits``; passing it together with one of those is an error.
+        ``level`` (GACT's L0, L1, L1.1, L1.2, L2, L2.1, L2.2, L3) is a preset for
+        ``enabled``/``bits``/``avg_bits``/``offload``; passing it together with one of those
+        is an error. The adaptive levels (L2.x, L3) also default ``ADAPTIVE_LEVEL_DEFAULTS``,
+        which options passed beside them override.
         """
         merged = {**(options or {}), **more}
         allowed = {field.name for field in dataclasses.fields(cls)} | {"level"}
@@ -230,6 +237,8 @@ class GactConfig:
             if clash:
                 raise ValueError(f"level={level!r} means {LEVELS[level]}; do not also pass {clash}")
             merged.update(LEVELS[level])
+            if merged.get("avg_bits") is not None:
+                merged = {**ADAPTIVE_LEVEL_DEFAULTS, **merged}
         if merged.get("avg_bits") is not None and "bits" in merged:
             raise ValueError("avg_bits makes the bits adaptive; do not also pass bits")
         return cls(**merged)
@@ -240,13 +249,13 @@ class GactConfig:
     def updated(self, options: Mapping[str, Any]) -> GactConfig:
         """This config with ``options`` (as ``from_options`` takes them) on top.
 
-        A ``level`` replaces all the fields a level sets; ``bits`` on an adaptive config
-        makes it uniform.
+        A ``level`` replaces all the fields a level sets, its defaults included; ``bits``
+        on an adaptive config makes it uniform.
         """
         given = GactConfig.from_options(options)  # validates names, values and clashes
         names = set(options) - {"level"}
         if "level" in options:
-            names |= _LEVEL_FIELDS
+            names |= _LEVEL_FIELDS | set(ADAPTIVE_LEVEL_DEFAULTS)
         if "bits" in options:
             names.add("avg_bits")
         return self.replace(**{name: getattr(given, name) for name in names})

@@ -54,6 +54,18 @@ def test_options_on_top_of_a_config():
         adaptive.updated({"bitz": 2})
 
 
+def test_the_adaptive_levels_group_by_feature_unless_told_otherwise():
+    for level in ("L2", "L2.1", "L2.2"):
+        assert GactConfig.from_options({"level": level}).feature_groups is True
+    assert GactConfig.from_options({"level": "L2.2", "feature_groups": False}).feature_groups is False
+    assert GactConfig.from_options({"level": "L1"}).feature_groups is False
+    assert GactConfig.from_options({"avg_bits": 2}).feature_groups is False  # no level: the plain defaults
+    adaptive = GactConfig.from_options({"level": "L2.2"})
+    assert adaptive.updated({"level": "L1"}).feature_groups is False
+    assert adaptive.updated({"group_size": 128}).feature_groups is True
+    assert GactConfig(bits=2).updated({"level": "L2"}).feature_groups is True
+
+
 def test_per_call_options_on_a_backend_object():
     from .helpers import model_case, projection_loss
 

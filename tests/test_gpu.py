@@ -94,6 +94,19 @@ def test_adaptive_bits_train_on_cuda():
     assert all(relative_error(d, expected) < 0.2 for d in draws)
 
 
+def test_feature_groups_train_on_cuda():
+    """The adaptive levels' grouping: on CUDA each tensor is encoded through a transposed copy."""
+    model, inputs = on_cuda("block")
+    (expected,) = gradients(model, inputs, baseline_backend("inductor"))
+    backend = gact_fx.backend(bits=8, compiler="inductor", feature_groups=True)
+    (eight,) = gradients(model, inputs, backend)
+    assert "feature" in {c.groups for c in backend.records[0].compressions}
+    assert 0 < relative_error(eight, expected) < 2e-2
+    draws = gradients(model, inputs, gact_fx.backend(bits=2, compiler="inductor", feature_groups=True), steps=16)
+    single = sum(relative_error(d, expected) for d in draws) / len(draws)
+    assert single / relative_error(torch.stack(draws).mean(0), expected) >= 2.5  # unbiased
+
+
 def test_the_aten_lowering_matches_the_ops_on_cuda():
     model, inputs = on_cuda("block")
     (expected,) = gradients(model, inputs, baseline_backend("inductor"))

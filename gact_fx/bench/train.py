@@ -28,12 +28,14 @@ METHODS = {
     "L2 (adaptive 4)": {"level": "L2"},
     "L2.1 (adaptive 3)": {"level": "L2.1"},
     "L2.2 (adaptive 2)": {"level": "L2.2"},
+    "L2.2, contiguous groups": {"level": "L2.2", "feature_groups": False},  # L2.2 before the levels grouped by feature
     "L1, feature groups": {"level": "L1", "feature_groups": True},
     "L1.2, feature groups": {"level": "L1.2", "feature_groups": True},
     "L2.2, feature groups": {"level": "L2.2", "feature_groups": True},
     # each parameter's gradient error against its own scale (gradient_metric='relative')
     "L2.2, relative metric": {"level": "L2.2", "gradient_metric": "relative"},
     "L2.2, feature groups, relative metric": {"level": "L2.2", "feature_groups": True, "gradient_metric": "relative"},
+    "L2.1, feature groups, relative metric": {"level": "L2.1", "feature_groups": True, "gradient_metric": "relative"},
 }  # gact options by level, for benchmarks/convergence.py
 
 
