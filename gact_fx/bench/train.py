@@ -28,7 +28,9 @@ METHODS = {
     "L2 (adaptive 4)": {"level": "L2"},
     "L2.1 (adaptive 3)": {"level": "L2.1"},
     "L2.2 (adaptive 2)": {"level": "L2.2"},
-    "L2.2, contiguous groups": {"level": "L2.2", "feature_groups": False},  # L2.2 before the levels grouped by feature
+    # the adaptive levels before they grouped by feature
+    "L2.1, contiguous groups": {"level": "L2.1", "feature_groups": False},
+    "L2.2, contiguous groups": {"level": "L2.2", "feature_groups": False},
     "L1, feature groups": {"level": "L1", "feature_groups": True},
     "L1.2, feature groups": {"level": "L1.2", "feature_groups": True},
     "L2.2, feature groups": {"level": "L2.2", "feature_groups": True},
