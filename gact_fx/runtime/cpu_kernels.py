@@ -673,49 +673,92 @@ int encode_typed(const T* x, int64_t numel, int64_t group, uint8_t* blob, uint32
 // ---- Feature-major order: a row-major [N tokens, C features] matrix whose blob takes the
 // transpose (element c * N + t is token t of feature c), as ``feature_groups`` asks. With N a
 // multiple of the group, each group is ``group`` tokens of one feature, so a block of eight
-// features and ``group`` tokens is eight groups, one per lane: one load of eight features per
-// token, no horizontal reduction, and each lane packs its own 32-bit words. The same float
-// operations as encode_group, so the blob is the one of the transposed copy, bit for bit.
+// (or sixteen) features and ``group`` tokens is eight (sixteen) groups, one per lane: one load
+// of the block's features per token, no horizontal reduction, and each lane packs its own
+// 32-bit words. The same float operations as encode_group, so the blob is the one of the
+// transposed copy, bit for bit. ``V`` is the width: its vector types and their operations.
 
-template <int BITS, typename T>
+struct EightLanes {
+  static constexpr int WIDTH = 8;
+  typedef f8 F;
+  typedef i8 I;
+  typedef u8 U;
+  static F splat(float x) { return ::splat(x); }
+  static I splat_i(int32_t x) { return ::splat_i(x); }
+  static U splat_u(uint32_t x) { return ::splat_u(x); }
+  template <typename T> static F load(const T* p) { return load8(p); }
+  static I special(F a, F extreme) { return special8(a, extreme); }
+  static F uniforms(U h, bool upper) { return ::uniforms(h, upper); }
+  static bool any(U v) { return or_lanes(v) != 0; }
+};
+#if GACT_SIXTEEN_LANES
+inline u16l fmix32(u16l h) {
+  h ^= h >> 16; h *= splat16_u(M1); h ^= h >> 13; h *= splat16_u(M2); h ^= h >> 16;
+  return h;
+}
+struct SixteenLanes {  // where the matrix's features come in sixteens
+  static constexpr int WIDTH = 16;
+  typedef f16l F;
+  typedef i16l I;
+  typedef u16l U;
+  static F splat(float x) { return splat16(x); }
+  static I splat_i(int32_t x) { return splat16_i(x); }
+  static U splat_u(uint32_t x) { return splat16_u(x); }
+  template <typename T> static F load(const T* p) { return load16(p); }
+  static I special(F a, F extreme) { return special16(a, extreme); }
+  static F uniforms(U h, bool upper) {  // as ::uniforms, lane by lane
+    const U half = (upper ? h >> 9 : h << 7) & splat16_u(UNIFORM_MANTISSA);
+    return (F)(half | splat16_u(ONE_AND_HALF_STEP)) - splat16(1.0f);
+  }
+  static bool any(U v) { return or_lanes(low_half_u(v) | high_half_u(v)) != 0; }
+  static u8 low_half_u(U v) { return __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7); }
+  static u8 high_half_u(U v) { return __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15); }
+};
+#endif
+
+template <int BITS, typename T, typename V>
 void encode_block(const T* x, int64_t N, int64_t C, int64_t t0, int64_t c0, int64_t group, int64_t groups,
                   uint8_t* blob, uint32_t key, float dmax, float scale_max) {
   constexpr int L = (1 << BITS) - 1;
   constexpr int W = 32 / BITS;  // tokens per 32-bit word of a lane (at 3 bits, see below)
-  const f8 infinity = splat(INFINITY), extreme = splat(dmax);
+  using F = typename V::F;
+  using I = typename V::I;
+  using U = typename V::U;
+  constexpr int LANES_W = V::WIDTH;
+  const F infinity = V::splat(INFINITY), extreme = V::splat(dmax);
   const T* src = x + t0 * C + c0;
-  f8 low8 = infinity, high8 = -infinity;
-  i8 magnitude8 = splat_i(0);  // the largest magnitude's bits, as in encode_group
+  F low8 = infinity, high8 = -infinity;
+  I magnitude8 = V::splat_i(0);  // the largest magnitude's bits, as in encode_group
   for (int64_t j = 0; j < group; ++j) {
-    const f8 a = load8(src + j * C);
-    const i8 magnitude = (i8)a & splat_i(0x7FFFFFFF);
+    const F a = V::load(src + j * C);
+    const I magnitude = (I)a & V::splat_i(0x7FFFFFFF);
     magnitude8 = magnitude > magnitude8 ? magnitude : magnitude8;
     low8 = a < low8 ? a : low8;
     high8 = a > high8 ? a : high8;
   }
-  i8 special_any = splat_i(0), nan_any = splat_i(0), special_all = splat_i(0);
-  if (or_lanes((u8)(magnitude8 >= splat_i((int32_t)bits_of(dmax))))) {  // rare: which lanes, and which of the two
+  I special_any = V::splat_i(0), nan_any = V::splat_i(0), special_all = V::splat_i(0);
+  if (V::any((U)(magnitude8 >= V::splat_i((int32_t)bits_of(dmax))))) {  // rare: which lanes, and which of the two
     for (int64_t j = 0; j < group; ++j) {
-      const f8 a = load8(src + j * C);
-      special_any |= special8(a, extreme);
+      const F a = V::load(src + j * C);
+      special_any |= V::special(a, extreme);
       nan_any |= a != a;
     }
   }
-  const bool any_flagged = or_lanes((u8)special_any) != 0;
-  int kind_low[8], kind_high[8];
-  for (int l = 0; l < 8; ++l) { kind_low[l] = 4; kind_high[l] = -1; }
+  const bool any_flagged = V::any((U)special_any);
+  int kind_low[LANES_W], kind_high[LANES_W];
+  for (int l = 0; l < LANES_W; ++l) { kind_low[l] = 4; kind_high[l] = -1; }
   if (any_flagged) {  // rare: again, keeping special values out of min and max
-    low8 = infinity; high8 = -infinity; special_all = splat_i(-1);
+    low8 = infinity; high8 = -infinity; special_all = V::splat_i(-1);
     for (int64_t j = 0; j < group; ++j) {
-      const f8 a = load8(src + j * C);
-      const i8 special = special8(a, extreme);
+      const F a = V::load(src + j * C);
+      const I special = V::special(a, extreme);
       special_all &= special;
-      const f8 low = special ? infinity : a, high = special ? -infinity : a;
+      const F low = special ? infinity : a, high = special ? -infinity : a;
       low8 = low < low8 ? low : low8;
       high8 = high > high8 ? high : high8;
     }
     for (int64_t j = 0; j < group; ++j) {
-      for (int l = 0; l < 8; ++l) {
+      for (int l = 0; l < LANES_W; ++l) {
         const float a = load1(src + j * C + l), m = std::fabs(a);
         if (!(m >= dmax)) continue;
         const int kind = (a > 0.0f ? 1 : 0) + (m == INFINITY ? 0 : 2);
@@ -726,10 +769,10 @@ void encode_block(const T* x, int64_t N, int64_t C, int64_t t0, int64_t c0, int6
   }
   float* words = reinterpret_cast<float*>(blob);
   const int64_t group_bytes = group * BITS / 8;
-  f8 lo_half, used_half, ceiling;
-  uint8_t* codes[8];
-  bool poison[8];
-  for (int l = 0; l < 8; ++l) {  // each lane's group words, as encode_group writes them
+  F lo_half, used_half, ceiling;
+  uint8_t* codes[LANES_W];
+  bool poison[LANES_W];
+  for (int l = 0; l < LANES_W; ++l) {  // each lane's group words, as encode_group writes them
     const int64_t g = (c0 + l) * (N / group) + t0 / group;
     const bool flagged = special_any[l] != 0, has_nan = nan_any[l] != 0, all_special = special_all[l] != 0;
     const GroupWords stored = group_words(L, low8[l], high8[l], flagged, has_nan, all_special, kind_low[l],
@@ -743,57 +786,57 @@ void encode_block(const T* x, int64_t N, int64_t C, int64_t t0, int64_t c0, int6
     ceiling[l] = (float)stored.top;
   }
 
-  const f8 zero = splat(0.0f);
-  u8 word8 = splat_u(0), upper8 = splat_u(0);  // upper8: the high plane's words at 3 bits
+  const F zero = V::splat(0.0f);
+  U word8 = V::splat_u(0), upper8 = V::splat_u(0);  // upper8: the high plane's words at 3 bits
   for (int64_t j = 0; j < group; j += 16) {
-    // runtime.noise's pair hashes of tokens j..j+15 of the eight features: element
+    // runtime.noise's pair hashes of tokens j..j+15 of the block's features: element
     // (c0 + l) * N + t0 + j + k, a multiple of 16 plus k, so hash k & 7, half k & 8
-    u8 low, high;
-    for (int l = 0; l < 8; ++l) {
+    U low, high;
+    for (int l = 0; l < LANES_W; ++l) {
       const uint64_t pair = (((uint64_t)(c0 + l) * (uint64_t)N + (uint64_t)(t0 + j)) >> 4) * 8;
       low[l] = (uint32_t)pair;
       high[l] = key ^ ((uint32_t)(pair >> 32) * M1);
     }
-    u8 hashes[8];
-    for (int k = 0; k < 8; ++k) hashes[k] = fmix32(((low + splat_u((uint32_t)k)) * splat_u(GOLDEN)) ^ high);
+    U hashes[8];
+    for (int k = 0; k < 8; ++k) hashes[k] = fmix32(((low + V::splat_u((uint32_t)k)) * V::splat_u(GOLDEN)) ^ high);
     for (int k = 0; k < 16; ++k) {
       const int64_t t = j + k;
-      const f8 a = load8(src + t * C);
-      const f8 u = uniforms(hashes[k & 7], k & 8);
-      f8 v = (a * 0.5f - lo_half) / used_half + u;
+      const F a = V::load(src + t * C);
+      const F u = V::uniforms(hashes[k & 7], k & 8);
+      F v = (a * 0.5f - lo_half) / used_half + u;
       v = v > zero ? v : zero;
       v = v < ceiling ? v : ceiling;
-      i8 code = __builtin_convertvector(v, i8);
-      if (any_flagged) code = special8(a, extreme) ? splat_i(L) : code;
+      I code = __builtin_convertvector(v, I);
+      if (any_flagged) code = V::special(a, extreme) ? V::splat_i(L) : code;
       if constexpr (BITS == 3) {  // the two planes: 16 tokens per word of the low, 32 of the high
         // (the group is a multiple of 16 tokens: every low word is whole, a high one at least half)
-        word8 |= (u8)(code & splat_i(3)) << splat_u((uint32_t)((t % 16) * 2));
-        upper8 |= (u8)(code >> 2) << splat_u((uint32_t)(t % 32));
+        word8 |= (U)(code & V::splat_i(3)) << V::splat_u((uint32_t)((t % 16) * 2));
+        upper8 |= (U)(code >> 2) << V::splat_u((uint32_t)(t % 32));
         if ((t + 1) % 16 == 0) {
-          for (int l = 0; l < 8; ++l) { const uint32_t word = word8[l]; std::memcpy(codes[l] + (t - 15) / 4, &word, 4); }
-          word8 = splat_u(0);
+          for (int l = 0; l < LANES_W; ++l) { const uint32_t word = word8[l]; std::memcpy(codes[l] + (t - 15) / 4, &word, 4); }
+          word8 = V::splat_u(0);
         }
         if ((t + 1) % 32 == 0) {
-          for (int l = 0; l < 8; ++l) { const uint32_t word = upper8[l]; std::memcpy(codes[l] + group / 4 + (t - 31) / 8, &word, 4); }
-          upper8 = splat_u(0);
+          for (int l = 0; l < LANES_W; ++l) { const uint32_t word = upper8[l]; std::memcpy(codes[l] + group / 4 + (t - 31) / 8, &word, 4); }
+          upper8 = V::splat_u(0);
         } else if (t + 1 == group) {
-          for (int l = 0; l < 8; ++l) { const uint32_t word = upper8[l]; std::memcpy(codes[l] + group / 4 + (t - 15) / 8, &word, 2); }
+          for (int l = 0; l < LANES_W; ++l) { const uint32_t word = upper8[l]; std::memcpy(codes[l] + group / 4 + (t - 15) / 8, &word, 2); }
         }
         continue;
       }
-      word8 |= (u8)code << splat_u((uint32_t)((t % W) * BITS));
+      word8 |= (U)code << V::splat_u((uint32_t)((t % W) * BITS));
       if ((t + 1) % W == 0 || t + 1 == group) {
         const int64_t first = t - t % W, nbytes = (t + 1 - first) * BITS / 8;
-        for (int l = 0; l < 8; ++l) {
+        for (int l = 0; l < LANES_W; ++l) {
           const uint32_t word = word8[l];
           if (nbytes == 4) std::memcpy(codes[l] + first * BITS / 8, &word, 4);  // a constant size: inlined
           else std::memcpy(codes[l] + first * BITS / 8, &word, nbytes);
         }
-        word8 = splat_u(0);
+        word8 = V::splat_u(0);
       }
     }
   }
-  for (int l = 0; l < 8; ++l)
+  for (int l = 0; l < LANES_W; ++l)
     if (poison[l]) std::memset(codes[l], 0, group_bytes);
 }
 
@@ -873,11 +916,23 @@ void decode_block(const uint8_t* blob, int64_t N, int64_t C, int64_t t0, int64_t
 template <int BITS, typename T>
 void encode_transposed_all(const T* x, int64_t N, int64_t C, int64_t group, uint8_t* blob, uint32_t key, float dmax,
                            float scale_max) {
+#if GACT_SIXTEEN_LANES
+  // Not at 8 bits: a word holds four tokens there, and sixteen lanes' words taken out of the
+  // vector every four tokens cost more than the width saves (0.8x).
+  if (C % 16 == 0 && BITS != 8) {
+    const int64_t lanes = C / 16, blocks = (N / group) * lanes;
+#pragma omp parallel for schedule(static) if (blocks > 8)
+    for (int64_t b = 0; b < blocks; ++b)
+      encode_block<BITS, T, SixteenLanes>(x, N, C, (b / lanes) * group, (b % lanes) * 16, group, C * (N / group), blob,
+                                          key, dmax, scale_max);
+    return;
+  }
+#endif
   const int64_t lanes = C / 8, blocks = (N / group) * lanes;
 #pragma omp parallel for schedule(static) if (blocks > 8)
   for (int64_t b = 0; b < blocks; ++b)
-    encode_block<BITS, T>(x, N, C, (b / lanes) * group, (b % lanes) * 8, group, C * (N / group), blob, key, dmax,
-                          scale_max);
+    encode_block<BITS, T, EightLanes>(x, N, C, (b / lanes) * group, (b % lanes) * 8, group, C * (N / group), blob, key,
+                                      dmax, scale_max);
 }
 
 template <int BITS, typename T>

@@ -65,3 +65,15 @@ def test_blobs_and_decodes_match_the_reference(codec_for, dtype):
         assert torch.equal(decoded[~decoded.isnan()], expected[~expected.isnan()]), bits
     mask = x.float() > 0
     assert torch.equal(codec_for.unpack_bool(codec_for.pack_bool(mask), mask.numel()), mask)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_feature_major_blobs_match_the_reference(codec_for, dtype):
+    matrix = (torch.randn(512, 32, generator=torch.Generator().manual_seed(6)) * torch.logspace(-1, 1, 32)).to(dtype)
+    matrix[7, 3] = float("inf")  # a flagged group
+    for bits in (1, 2, 3, 4, 8):
+        key = noise.key_of(13, bits)
+        blob = codec_for.quantize_transposed(matrix, bits, 256, key=key)
+        flat = matrix.t().reshape(-1)
+        groups = fmt.num_groups(flat.numel(), 256)
+        assert torch.equal(blob, quantize_reference(flat, bits, 256, noise.rounding_noise(groups, 256, key))), bits
