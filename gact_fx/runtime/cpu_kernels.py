@@ -727,17 +727,17 @@ void encode_block(const T* x, int64_t N, int64_t C, int64_t t0, int64_t c0, int6
   constexpr int LANES_W = V::WIDTH;
   const F infinity = V::splat(INFINITY), extreme = V::splat(dmax);
   const T* src = x + t0 * C + c0;
-  F low8 = infinity, high8 = -infinity;
-  I magnitude8 = V::splat_i(0);  // the largest magnitude's bits, as in encode_group
+  F lows = infinity, highs = -infinity;
+  I magnitudes = V::splat_i(0);  // the largest magnitude's bits, as in encode_group
   for (int64_t j = 0; j < group; ++j) {
     const F a = V::load(src + j * C);
     const I magnitude = (I)a & V::splat_i(0x7FFFFFFF);
-    magnitude8 = magnitude > magnitude8 ? magnitude : magnitude8;
-    low8 = a < low8 ? a : low8;
-    high8 = a > high8 ? a : high8;
+    magnitudes = magnitude > magnitudes ? magnitude : magnitudes;
+    lows = a < lows ? a : lows;
+    highs = a > highs ? a : highs;
   }
   I special_any = V::splat_i(0), nan_any = V::splat_i(0), special_all = V::splat_i(0);
-  if (V::any((U)(magnitude8 >= V::splat_i((int32_t)bits_of(dmax))))) {  // rare: which lanes, and which of the two
+  if (V::any((U)(magnitudes >= V::splat_i((int32_t)bits_of(dmax))))) {  // rare: which lanes, and which of the two
     for (int64_t j = 0; j < group; ++j) {
       const F a = V::load(src + j * C);
       special_any |= V::special(a, extreme);
@@ -748,14 +748,14 @@ void encode_block(const T* x, int64_t N, int64_t C, int64_t t0, int64_t c0, int6
   int kind_low[LANES_W], kind_high[LANES_W];
   for (int l = 0; l < LANES_W; ++l) { kind_low[l] = 4; kind_high[l] = -1; }
   if (any_flagged) {  // rare: again, keeping special values out of min and max
-    low8 = infinity; high8 = -infinity; special_all = V::splat_i(-1);
+    lows = infinity; highs = -infinity; special_all = V::splat_i(-1);
     for (int64_t j = 0; j < group; ++j) {
       const F a = V::load(src + j * C);
       const I special = V::special(a, extreme);
       special_all &= special;
       const F low = special ? infinity : a, high = special ? -infinity : a;
-      low8 = low < low8 ? low : low8;
-      high8 = high > high8 ? high : high8;
+      lows = low < lows ? low : lows;
+      highs = high > highs ? high : highs;
     }
     for (int64_t j = 0; j < group; ++j) {
       for (int l = 0; l < LANES_W; ++l) {
@@ -775,7 +775,7 @@ void encode_block(const T* x, int64_t N, int64_t C, int64_t t0, int64_t c0, int6
   for (int l = 0; l < LANES_W; ++l) {  // each lane's group words, as encode_group writes them
     const int64_t g = (c0 + l) * (N / group) + t0 / group;
     const bool flagged = special_any[l] != 0, has_nan = nan_any[l] != 0, all_special = special_all[l] != 0;
-    const GroupWords stored = group_words(L, low8[l], high8[l], flagged, has_nan, all_special, kind_low[l],
+    const GroupWords stored = group_words(L, lows[l], highs[l], flagged, has_nan, all_special, kind_low[l],
                                           kind_high[l], scale_max);
     poison[l] = stored.poison;
     words[g] = stored.scale_word;
@@ -787,7 +787,7 @@ void encode_block(const T* x, int64_t N, int64_t C, int64_t t0, int64_t c0, int6
   }
 
   const F zero = V::splat(0.0f);
-  U word8 = V::splat_u(0), upper8 = V::splat_u(0);  // upper8: the high plane's words at 3 bits
+  U lane_words = V::splat_u(0), upper_words = V::splat_u(0);  // upper_words: the high plane's words at 3 bits
   for (int64_t j = 0; j < group; j += 16) {
     // runtime.noise's pair hashes of tokens j..j+15 of the block's features: element
     // (c0 + l) * N + t0 + j + k, a multiple of 16 plus k, so hash k & 7, half k & 8
@@ -810,29 +810,29 @@ void encode_block(const T* x, int64_t N, int64_t C, int64_t t0, int64_t c0, int6
       if (any_flagged) code = V::special(a, extreme) ? V::splat_i(L) : code;
       if constexpr (BITS == 3) {  // the two planes: 16 tokens per word of the low, 32 of the high
         // (the group is a multiple of 16 tokens: every low word is whole, a high one at least half)
-        word8 |= (U)(code & V::splat_i(3)) << V::splat_u((uint32_t)((t % 16) * 2));
-        upper8 |= (U)(code >> 2) << V::splat_u((uint32_t)(t % 32));
+        lane_words |= (U)(code & V::splat_i(3)) << V::splat_u((uint32_t)((t % 16) * 2));
+        upper_words |= (U)(code >> 2) << V::splat_u((uint32_t)(t % 32));
         if ((t + 1) % 16 == 0) {
-          for (int l = 0; l < LANES_W; ++l) { const uint32_t word = word8[l]; std::memcpy(codes[l] + (t - 15) / 4, &word, 4); }
-          word8 = V::splat_u(0);
+          for (int l = 0; l < LANES_W; ++l) { const uint32_t word = lane_words[l]; std::memcpy(codes[l] + (t - 15) / 4, &word, 4); }
+          lane_words = V::splat_u(0);
         }
         if ((t + 1) % 32 == 0) {
-          for (int l = 0; l < LANES_W; ++l) { const uint32_t word = upper8[l]; std::memcpy(codes[l] + group / 4 + (t - 31) / 8, &word, 4); }
-          upper8 = V::splat_u(0);
+          for (int l = 0; l < LANES_W; ++l) { const uint32_t word = upper_words[l]; std::memcpy(codes[l] + group / 4 + (t - 31) / 8, &word, 4); }
+          upper_words = V::splat_u(0);
         } else if (t + 1 == group) {
-          for (int l = 0; l < LANES_W; ++l) { const uint32_t word = upper8[l]; std::memcpy(codes[l] + group / 4 + (t - 15) / 8, &word, 2); }
+          for (int l = 0; l < LANES_W; ++l) { const uint32_t word = upper_words[l]; std::memcpy(codes[l] + group / 4 + (t - 15) / 8, &word, 2); }
         }
         continue;
       }
-      word8 |= (U)code << V::splat_u((uint32_t)((t % W) * BITS));
+      lane_words |= (U)code << V::splat_u((uint32_t)((t % W) * BITS));
       if ((t + 1) % W == 0 || t + 1 == group) {
         const int64_t first = t - t % W, nbytes = (t + 1 - first) * BITS / 8;
         for (int l = 0; l < LANES_W; ++l) {
-          const uint32_t word = word8[l];
+          const uint32_t word = lane_words[l];
           if (nbytes == 4) std::memcpy(codes[l] + first * BITS / 8, &word, 4);  // a constant size: inlined
           else std::memcpy(codes[l] + first * BITS / 8, &word, nbytes);
         }
-        word8 = V::splat_u(0);
+        lane_words = V::splat_u(0);
       }
     }
   }
