@@ -11,10 +11,9 @@ time where the machine has AVX-512 (Inductor compiles with ``-march=native``), t
 words of 64 elements gathered in one tree of shuffles, and eight lanes elsewhere; decode
 is one pass too. For ``feature_groups`` a second pair of kernels takes a row-major
 [tokens, features] matrix and writes the blob of its transpose (each group one feature's
-tokens, eight groups in eight lanes), and decodes back into the matrix: no transposed
-copy either way. bool masks (ReLU's, dropout's) are packed eight to a byte here too. Groups
-run in parallel under OpenMP,
-which follows ``torch.set_num_threads``. (Inductor compiles with
+tokens, eight or sixteen groups in as many lanes), and decodes back into the matrix: no
+transposed copy either way. bool masks (ReLU's, dropout's) are packed eight to a byte here
+too. Groups run in parallel under OpenMP, which follows ``torch.set_num_threads``. (Inductor compiles with
 ``-fno-tree-loop-vectorize``: loops left to the auto-vectoriser ran 4x slower.)
 
 It writes exactly the reference's blob, bit for bit (the same float operations, in the
