@@ -68,7 +68,7 @@ def test_blobs_and_decodes_match_the_reference(codec_for, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_feature_major_blobs_match_the_reference(codec_for, dtype):
+def test_feature_major_blobs_and_decodes_match_the_reference(codec_for, dtype):
     matrix = (torch.randn(512, 32, generator=torch.Generator().manual_seed(6)) * torch.logspace(-1, 1, 32)).to(dtype)
     matrix[7, 3] = float("inf")  # a flagged group
     for bits in (1, 2, 3, 4, 8):
@@ -77,3 +77,7 @@ def test_feature_major_blobs_match_the_reference(codec_for, dtype):
         flat = matrix.t().reshape(-1)
         groups = fmt.num_groups(flat.numel(), 256)
         assert torch.equal(blob, quantize_reference(flat, bits, 256, noise.rounding_noise(groups, 256, key))), bits
+        decoded = codec_for.dequantize_transposed(blob, *matrix.shape, dtype, 256)
+        expected = dequantize_reference(blob, flat.numel(), dtype, 256).view(matrix.shape[1], -1).t()
+        assert torch.equal(decoded.isnan(), expected.isnan()), bits  # NaN where a 1-bit group is poisoned
+        assert torch.equal(decoded[~decoded.isnan()], expected[~expected.isnan()]), bits
