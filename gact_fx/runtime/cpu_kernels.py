@@ -238,12 +238,14 @@ inline i16l special16(f16l a, f16l extreme) { return (f16l)((i16l)a & splat16_i(
 
 // The pair hashes of the 32 elements first..first+31 (first a multiple of 32): lanes 0-7 are
 // pair_hash8(first), lanes 8-15 pair_hash8(first + 16) (sixteen consecutive pairs share a high word).
+inline u16l fmix32(u16l h) {
+  h ^= h >> 16; h *= splat16_u(M1); h ^= h >> 13; h *= splat16_u(M2); h ^= h >> 16;
+  return h;
+}
 inline u16l pair_hash16(uint64_t first, uint32_t key) {
   const uint64_t pair = (first >> 4) * 8;
   const u16l low = splat16_u((uint32_t)pair) + LANES16;
-  u16l h = (low * splat16_u(GOLDEN)) ^ splat16_u(key ^ ((uint32_t)(pair >> 32) * M1));
-  h ^= h >> 16; h *= splat16_u(M1); h ^= h >> 13; h *= splat16_u(M2); h ^= h >> 16;
-  return h;
+  return fmix32((low * splat16_u(GOLDEN)) ^ splat16_u(key ^ ((uint32_t)(pair >> 32) * M1)));
 }
 
 // The uniforms of elements first..first+15 (second: first+16..first+31) from pair_hash16(first):
@@ -435,14 +437,29 @@ void encode_group(const T* src, uint64_t base, int64_t g, int64_t group, int64_t
     const auto encode = [&](auto marks) {  // marks: whether special values take the top code
       const auto code16 = [&](f16l a, f16l u) {  // code_of, sixteen lanes at a time
         f16l t = (a * 0.5f - lo_half16) / used_half16 + u;
-        t = t > zero16 ? t : zero16;
+        t = (f16l)_mm512_max_ps((__m512)t, (__m512)zero16);  // t > 0 ? t : 0, NaN -> 0: one instruction
         t = t < ceiling16 ? t : ceiling16;
         const i16l code = __builtin_convertvector(t, i16l);
         if constexpr (decltype(marks)::value) return special16(a, extreme16) ? splat16_i(L) : code;
         return code;
       };
+      // The pair hashes' inputs advance by 16 pairs each 32 elements: their product with GOLDEN
+      // by 16 * GOLDEN (mod 2^32), the key word with them unless the pair index's high word moves
+      // within the group (past 2^33 elements). 1.08-1.17x on quantize with the line above.
+      const uint64_t pair0 = (base >> 4) * 8;
+      const bool one_high_word = ((pair0 + (uint64_t)group / 2) >> 32) == (pair0 >> 32);
+      const u16l high_word = splat16_u(key ^ ((uint32_t)(pair0 >> 32) * M1)), step = splat16_u(16u * GOLDEN);
+      u16l golden_low = (splat16_u((uint32_t)pair0) + LANES16) * splat16_u(GOLDEN);
       for (int64_t j = 0; j < group; j += 64) {
-        const u16l first = pair_hash16(base + j, key), second = pair_hash16(base + j + 32, key);
+        u16l first, second;
+        if (one_high_word) {  // as pair_hash16(base + j, key) and pair_hash16(base + j + 32, key)
+          first = fmix32(golden_low ^ high_word);
+          second = fmix32((golden_low + step) ^ high_word);
+          golden_low += step + step;
+        } else {
+          first = pair_hash16(base + j, key);
+          second = pair_hash16(base + j + 32, key);
+        }
         const i16l c[4] = {code16(load16(src + j), uniforms16(first, false)),
                            code16(load16(src + j + 16), uniforms16(first, true)),
                            code16(load16(src + j + 32), uniforms16(second, false)),
@@ -692,10 +709,6 @@ struct EightLanes {
   template <typename T> static void store(T* p, F v) { store8(p, v); }
 };
 #if GACT_SIXTEEN_LANES
-inline u16l fmix32(u16l h) {
-  h ^= h >> 16; h *= splat16_u(M1); h ^= h >> 13; h *= splat16_u(M2); h ^= h >> 16;
-  return h;
-}
 struct SixteenLanes {  // where the matrix's features come in sixteens
   static constexpr int WIDTH = 16;
   typedef f16l F;
