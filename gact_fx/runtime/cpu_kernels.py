@@ -93,10 +93,11 @@ inline u8 pair_hash8(uint64_t first, uint32_t key) {
 // (2k + 1) / 2^17 for a 16-bit half k is the float 1 + k / 2^16 + 1 / 2^17 less one, exactly:
 // k goes into the mantissa's bits 7-22 (no conversion, no multiply; 4-8% off quantize).
 constexpr uint32_t UNIFORM_MANTISSA = 0x7FFF80u, ONE_AND_HALF_STEP = 0x3F800040u;
-inline f8 uniforms(u8 h, bool upper) {
-  const u8 half = (upper ? h >> 9 : h << 7) & splat_u(UNIFORM_MANTISSA);
-  return (f8)(half | splat_u(ONE_AND_HALF_STEP)) - splat(1.0f);
+template <typename F, typename U>  // any lane count: F and U vectors of as many floats and uint32s
+inline F uniforms_of(U h, bool upper) {
+  return (F)(((upper ? h >> 9 : h << 7) & UNIFORM_MANTISSA) | ONE_AND_HALF_STEP) - 1.0f;
 }
+inline f8 uniforms(u8 h, bool upper) { return uniforms_of<f8>(h, upper); }
 
 // k1 XOR k0 * M2: the part of the hash's input that is the same for every element of a call
 inline uint32_t call_word(uint32_t k0, uint32_t k1) { return k1 ^ (k0 * M2); }
@@ -720,13 +721,8 @@ struct SixteenLanes {  // where the matrix's features come in sixteens
   static U splat_u(uint32_t x) { return splat16_u(x); }
   template <typename T> static F load(const T* p) { return load16(p); }
   static I special(F a, F extreme) { return special16(a, extreme); }
-  static F uniforms(U h, bool upper) {  // as ::uniforms, lane by lane
-    const U half = (upper ? h >> 9 : h << 7) & splat16_u(UNIFORM_MANTISSA);
-    return (F)(half | splat16_u(ONE_AND_HALF_STEP)) - splat16(1.0f);
-  }
-  static bool any(U v) { return or_lanes(low_half_u(v) | high_half_u(v)) != 0; }
-  static u8 low_half_u(U v) { return __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7); }
-  static u8 high_half_u(U v) { return __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15); }
+  static F uniforms(U h, bool upper) { return uniforms_of<F>(h, upper); }
+  static bool any(U v) { return or_lanes((u8)low_half((F)v) | (u8)high_half((F)v)) != 0; }
   template <typename T> static void store(T* p, F v) { store16(p, v); }
 };
 #endif
