@@ -7,8 +7,9 @@ and its temporaries raised the peak memory. This kernel does, per group of
 ``group_size`` elements held in the L1 cache: min, max, special values and NaN; the
 scale; the noise (``runtime.noise``'s hash, one vector of hashes serving two vectors of
 elements), the rounding and the packing, in GCC/Clang vector types: sixteen lanes at a
-time where the machine has AVX-512 (Inductor compiles with ``-march=native``), the packed
-words of 64 elements gathered in one tree of shuffles, and eight lanes elsewhere; decode
+time where the machine has AVX-512 (Inductor compiles with ``-march=native``), the codes
+of 64 elements packed byte-wise (shifted into the bytes of one vector, then one byte shuffle;
+at 1 bit, compare masks), and eight lanes elsewhere; decode
 is one pass too. For ``feature_groups`` a second pair of kernels takes a row-major
 [tokens, features] matrix and writes the blob of its transpose (each group one feature's
 tokens, eight or sixteen groups in as many lanes), and decodes back into the matrix: no
@@ -260,53 +261,40 @@ inline f16l uniforms16(u16l h, bool second) {  // as ``uniforms``
   return (f16l)half - splat16(1.0f);
 }
 
-// Packing codes shifted into place: each output word is the OR of a run ("segment") of
-// adjacent lanes. merge<S> ORs the two halves of every S-lane segment of x and of y into one
-// vector of S/2-lane segments, x's before y's, so the words stay in memory order.
-template <int S> inline u16l merge(u16l x, u16l y) {
-  if constexpr (S == 16) {
-    return __builtin_shufflevector(x, y, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) |
-           __builtin_shufflevector(x, y, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-  } else if constexpr (S == 8) {
-    return __builtin_shufflevector(x, y, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) |
-           __builtin_shufflevector(x, y, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-  } else {
-    static_assert(S == 4);
-    return __builtin_shufflevector(x, y, 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) |
-           __builtin_shufflevector(x, y, 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
-  }
-}
-// OR within segments of S lanes, leaving each segment's word in its first lane.
-template <int S> inline u16l or_segments(u16l v) {
-  if constexpr (S >= 8) v |= __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
-  if constexpr (S >= 4) v |= __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
-  if constexpr (S >= 2) v |= __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
-  return v;
-}
+typedef uint8_t b64 __attribute__((vector_size(64)));
 
 // The codes of 64 consecutive elements (four vectors of sixteen, 0..2^BITS - 1), packed into
-// 8 * BITS bytes at ``out`` as store_codes16 lays them out (BITS 1, 2 or 4).
+// 8 * BITS bytes at ``out`` as store_codes16 lays them out (BITS 1, 2 or 4). Element 16q + l
+// is lane l of c[q].
 template <int BITS>
 inline void store_codes64(uint8_t* out, const i16l* c) {
-  if constexpr (BITS == 1) {  // 32 elements a word: two vectors fill one
-    const u16l ab = ((u16l)c[0] << LANES16) | ((u16l)c[1] << (LANES16 + 16));
-    const u16l cd = ((u16l)c[2] << LANES16) | ((u16l)c[3] << (LANES16 + 16));
-    const u16l m = or_segments<8>(merge<16>(ab, cd));
-    const uint32_t words[2] = {m[0], m[8]};
-    std::memcpy(out, words, 8);
-  } else if constexpr (BITS == 2) {  // a word a vector
-    const u16l shift = LANES16 * 2;
-    const u16l m = or_segments<4>(merge<8>(merge<16>((u16l)c[0] << shift, (u16l)c[1] << shift),
-                                           merge<16>((u16l)c[2] << shift, (u16l)c[3] << shift)));
-    const uint32_t words[4] = {m[0], m[4], m[8], m[12]};
-    std::memcpy(out, words, 16);
-  } else {  // 4 bits: two words a vector
+  if constexpr (BITS == 1) {  // one bit a lane: each vector's sixteen codes are a mask
+    const uint64_t words = (uint64_t)_mm512_test_epi32_mask((__m512i)c[0], (__m512i)c[0]) |
+                           (uint64_t)_mm512_test_epi32_mask((__m512i)c[1], (__m512i)c[1]) << 16 |
+                           (uint64_t)_mm512_test_epi32_mask((__m512i)c[2], (__m512i)c[2]) << 32 |
+                           (uint64_t)_mm512_test_epi32_mask((__m512i)c[3], (__m512i)c[3]) << 48;
+    std::memcpy(out, &words, 8);
+  } else if constexpr (BITS == 2) {
+    // Byte q of lane l takes element 16q + l at its place in output byte 4q + l / 4 (bit 2 (l % 4));
+    // the four lanes of each 128-bit block then OR into that block's output bytes, one a vector.
+    const u16l shift = (LANES16 & splat16_u(3)) * 2;
+    u16l d = ((u16l)c[0] << shift) | ((u16l)c[1] << (shift + 8)) | ((u16l)c[2] << (shift + 16)) |
+             ((u16l)c[3] << (shift + 24));
+    d |= __builtin_shufflevector(d, d, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    d |= __builtin_shufflevector(d, d, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+    const b64 bytes = (b64)d;  // output byte 4q + k: byte q of block k's dwords
+    const b16 packed = __builtin_shufflevector(bytes, bytes, 0, 16, 32, 48, 1, 17, 33, 49, 2, 18, 34, 50, 3, 19, 35, 51);
+    std::memcpy(out, &packed, 16);
+  } else {  // 4 bits: byte q of lane l takes element 16q + l at its nibble of output byte 8q + l / 2
     static_assert(BITS == 4);
-    const u16l shift = (LANES16 & splat16_u(7)) * 4;
-    const u16l m = or_segments<2>(merge<4>(merge<8>((u16l)c[0] << shift, (u16l)c[1] << shift),
-                                           merge<8>((u16l)c[2] << shift, (u16l)c[3] << shift)));
-    const u16l even = __builtin_shufflevector(m, m, 0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
-    std::memcpy(out, &even, 32);
+    const u16l shift = (LANES16 & splat16_u(1)) * 4;
+    u16l d = ((u16l)c[0] << shift) | ((u16l)c[1] << (shift + 8)) | ((u16l)c[2] << (shift + 16)) |
+             ((u16l)c[3] << (shift + 24));
+    d |= __builtin_shufflevector(d, d, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+    const b64 bytes = (b64)d;  // output byte 8q + p: byte q of lane 2p
+    const b32 packed = __builtin_shufflevector(bytes, bytes, 0, 8, 16, 24, 32, 40, 48, 56, 1, 9, 17, 25, 33, 41, 49, 57,
+                                               2, 10, 18, 26, 34, 42, 50, 58, 3, 11, 19, 27, 35, 43, 51, 59);
+    std::memcpy(out, &packed, 32);
   }
 }
 
@@ -403,11 +391,17 @@ void encode_group(const T* src, uint64_t base, int64_t g, int64_t group, int64_t
       kind_high = std::max(kind_high, kind);
     }
   }
-  float lo = INFINITY, hi = -INFINITY;
-  for (int k = 0; k < 8; ++k) {
-    lo = low8[k] < lo ? low8[k] : lo;
-    hi = high8[k] > hi ? high8[k] : hi;
-  }
+  // min and max of the eight lanes (none holds NaN, so any order gives the same), in shuffles
+  const auto fold = [](f8 v, bool larger) {
+    f8 w = __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3);
+    v = larger ? (w > v ? w : v) : (w < v ? w : v);
+    w = __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5);
+    v = larger ? (w > v ? w : v) : (w < v ? w : v);
+    w = __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6);
+    v = larger ? (w > v ? w : v) : (w < v ? w : v);
+    return v[0];
+  };
+  float lo = fold(low8, false), hi = fold(high8, true);
   const GroupWords stored = group_words(L, lo, hi, flagged, has_nan, all_special, kind_low, kind_high, scale_max);
   const int top = stored.top;
   const float used = stored.used;
@@ -436,13 +430,19 @@ void encode_group(const T* src, uint64_t base, int64_t g, int64_t group, int64_t
     // The common case at sixteen lanes: 64 elements a step, two vectors of pair hashes.
     const f16l lo_half16 = splat16(lo * 0.5f), used_half16 = splat16(used * 0.5f), ceiling16 = splat16((float)top),
                zero16 = splat16(0.0f), extreme16 = splat16(dmax);
-    const auto encode = [&](auto marks) {  // marks: whether special values take the top code
+    // careful: the group holds special values, which take the top code and may lie below the
+    // min, or its scale halved is 0 (subnormal), where 0 / 0 is NaN. Elsewhere t >= 0 and is
+    // never NaN, so the clamp at 0 is left out (5% of quantize), and at 1 bit code 1 is t >= 1.
+    const bool careful = flagged || !(used * 0.5f > 0.0f);
+    const auto encode = [&](auto careful_type) {
+      constexpr bool CAREFUL = decltype(careful_type)::value;
+      const auto scaled = [&](f16l a, f16l u) { return (a * 0.5f - lo_half16) / used_half16 + u; };
       const auto code16 = [&](f16l a, f16l u) {  // code_of, sixteen lanes at a time
-        f16l t = (a * 0.5f - lo_half16) / used_half16 + u;
-        t = (f16l)_mm512_max_ps((__m512)t, (__m512)zero16);  // t > 0 ? t : 0, NaN -> 0: one instruction
+        f16l t = scaled(a, u);
+        if constexpr (CAREFUL) t = (f16l)_mm512_max_ps((__m512)t, (__m512)zero16);  // t > 0 ? t : 0, NaN -> 0
         t = t < ceiling16 ? t : ceiling16;
         const i16l code = __builtin_convertvector(t, i16l);
-        if constexpr (decltype(marks)::value) return special16(a, extreme16) ? splat16_i(L) : code;
+        if constexpr (CAREFUL) return special16(a, extreme16) ? splat16_i(L) : code;
         return code;
       };
       // The pair hashes' inputs advance by 16 pairs each 32 elements: their product with GOLDEN
@@ -462,6 +462,15 @@ void encode_group(const T* src, uint64_t base, int64_t g, int64_t group, int64_t
           first = pair_hash16(base + j, key);
           second = pair_hash16(base + j + 32, key);
         }
+        if constexpr (BITS == 1 && !CAREFUL) {  // each vector's sixteen codes one compare, a mask
+          const auto ones = [&](int64_t k, f16l u) {  // codes 1 of elements j + k .. j + k + 15
+            return (uint64_t)_mm512_cmp_ps_mask((__m512)scaled(load16(src + j + k), u), _mm512_set1_ps(1.0f), _CMP_GE_OQ) << k;
+          };
+          const uint64_t words = ones(0, uniforms16(first, false)) | ones(16, uniforms16(first, true)) |
+                                 ones(32, uniforms16(second, false)) | ones(48, uniforms16(second, true));
+          std::memcpy(codes + j / 8, &words, 8);
+          continue;
+        }
         const i16l c[4] = {code16(load16(src + j), uniforms16(first, false)),
                            code16(load16(src + j + 16), uniforms16(first, true)),
                            code16(load16(src + j + 32), uniforms16(second, false)),
@@ -469,7 +478,7 @@ void encode_group(const T* src, uint64_t base, int64_t g, int64_t group, int64_t
         store_group_codes64<BITS>(codes, group, j, c);
       }
     };
-    if (flagged) encode(std::true_type{});
+    if (careful) encode(std::true_type{});
     else encode(std::false_type{});
     return;
   }

@@ -69,6 +69,28 @@ def test_special_values_nan_and_poisoned_groups_match_the_reference(dtype, bits)
     assert same_decode(cpu_kernels.dequantize(blob, x.numel(), dtype, 64), dequantize_reference(blob, x.numel(), dtype, 64))
 
 
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
+def test_degenerate_groups_match_the_reference(bits):
+    # Groups the kernel takes on a path of their own: a range of one subnormal step, whose
+    # scale halves to zero (0 / 0 is NaN inside the rounding), constant groups, signed zeros,
+    # and ranges at the float32 limits.
+    step = torch.finfo(torch.float32).smallest_normal * 2.0**-23  # the smallest subnormal
+    groups = [
+        torch.tensor([0.0, 2.0 * step] * 32),
+        torch.tensor([0.0, step] * 32),
+        torch.tensor([-step, step] * 32),
+        torch.full((64,), 3.5),
+        torch.tensor([0.0, -0.0] * 32),
+        torch.tensor([-3.0e38, 3.0e38] * 32),
+        torch.arange(64, dtype=torch.float32) * step,
+    ]
+    x = torch.cat(groups)
+    key = noise.key_of(5, 6)
+    blob = cpu_kernels.quantize(x, bits, 64, key=key)
+    assert torch.equal(blob, reference_blob(x, bits, 64, key))
+    assert same_decode(cpu_kernels.dequantize(blob, x.numel(), torch.float32, 64), dequantize_reference(blob, x.numel(), torch.float32, 64))
+
+
 def test_the_noise_key_comes_from_a_sites_state_as_in_the_reference():
     x = sample(1000, torch.float32)
     state = torch.tensor([0x9876543, 41], dtype=torch.int64)
