@@ -148,6 +148,10 @@ TABLE_FILES = {
                                           "`feature_groups=True` against contiguous groups, in the same run. The "
                                           "CPU codec reads and writes the tensor's own layout (no transposed copy) "
                                           "where its tokens fill whole groups and its features come in eights."),
+    "compile_time.json": ("Compile time on the CPU: gact against plain Inductor, cold and warm",
+                          "`benchmarks/compile_time.py`: the first training step (forward and backward, both "
+                          "compiled) in a fresh process per run, on an empty Inductor cache (cold: every kernel "
+                          "built, gact's CPU codec too) and again on the cache the cold run filled (warm)."),
     "cpu_peak_memory.json": ("Peak step memory on the CPU: transformers at base width",
                              "`benchmarks/cpu_peak_memory.py`: one training step per method, the caller keeping only the "
                              "loss; peak from the CPU profiler's allocation events, above what was live before the step."),

@@ -106,6 +106,21 @@ inline uint32_t call_word(uint32_t k0, uint32_t k1) { return k1 ^ (k0 * M2); }
 struct bf16 { uint16_t bits; };
 struct f16 { uint16_t bits; };
 
+// One library serves one input dtype, GACT_DTYPE (DTYPE_CODES), which the Python side defines
+// above this source: the three together took 7 s to build, a third of that each.
+#ifndef GACT_DTYPE
+#define GACT_DTYPE 0
+#endif
+#if GACT_DTYPE == 0
+typedef float Value;
+#elif GACT_DTYPE == 1
+typedef bf16 Value;
+#elif GACT_DTYPE == 2
+typedef f16 Value;
+#else
+#error "GACT_DTYPE must be 0 (float32), 1 (bfloat16) or 2 (float16)"
+#endif
+
 inline float half_to_float(uint16_t h) {  // exact, for machines without F16C
   const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1Fu, mantissa = h & 0x3FFu;
   if (exponent == 0x1F) return float_of(sign | 0x7F800000u | (mantissa << 13));
@@ -1068,13 +1083,8 @@ inline uint32_t key_word(const int64_t* key, int from_state) {
 extern "C" int gact_encode(const void* x, int64_t numel, int64_t group, uint8_t* blob, const int64_t* key,
                            int from_state, int bits, float dmax, float scale_max, int dtype) {
   if (group > MAX_GROUP || group % 8) return 2;
-  const uint32_t word = key_word(key, from_state);
-  switch (dtype) {
-    case 0: return encode_typed(static_cast<const float*>(x), numel, group, blob, word, bits, dmax, scale_max);
-    case 1: return encode_typed(static_cast<const bf16*>(x), numel, group, blob, word, bits, dmax, scale_max);
-    case 2: return encode_typed(static_cast<const f16*>(x), numel, group, blob, word, bits, dmax, scale_max);
-  }
-  return 2;
+  if (dtype != GACT_DTYPE) return 2;
+  return encode_typed(static_cast<const Value*>(x), numel, group, blob, key_word(key, from_state), bits, dmax, scale_max);
 }
 
 // The noise of elements first..first+count-1 (both multiples of 16), for tests of the index arithmetic.
@@ -1115,17 +1125,12 @@ extern "C" void gact_unpack_bool(const uint8_t* packed, int64_t numel, uint8_t* 
 // dtype as for gact_encode; 3 when this machine cannot write float16 (no F16C): decode to float32.
 extern "C" int gact_decode(const uint8_t* blob, int64_t numel, int64_t group, void* out, int bits, float dmax,
                            int dtype) {
-  if (group > MAX_GROUP || group % 8) return 2;
-  switch (dtype) {
-    case 0: return decode_typed(blob, numel, group, static_cast<float*>(out), bits, dmax);
-    case 1: return decode_typed(blob, numel, group, static_cast<bf16*>(out), bits, dmax);
-#if defined(__F16C__)
-    case 2: return decode_typed(blob, numel, group, static_cast<f16*>(out), bits, dmax);
+  if (group > MAX_GROUP || group % 8 || dtype != GACT_DTYPE) return 2;
+#if GACT_DTYPE == 2 && !defined(__F16C__)
+  return 3;
 #else
-    case 2: return 3;
+  return decode_typed(blob, numel, group, static_cast<Value*>(out), bits, dmax);
 #endif
-  }
-  return 2;
 }
 
 // The blob of the transpose of a row-major [tokens, features] matrix: tokens a multiple of
@@ -1134,38 +1139,30 @@ extern "C" int gact_encode_transposed(const void* x, int64_t tokens, int64_t fea
                                       const int64_t* key, int from_state, int bits, float dmax, float scale_max,
                                       int dtype) {
   if (group <= 0 || group % 16 || tokens % group || features % 8) return 2;
-  const uint32_t word = key_word(key, from_state);
-  switch (dtype) {
-    case 0: return encode_transposed_typed(static_cast<const float*>(x), tokens, features, group, blob, word, bits, dmax, scale_max);
-    case 1: return encode_transposed_typed(static_cast<const bf16*>(x), tokens, features, group, blob, word, bits, dmax, scale_max);
-    case 2: return encode_transposed_typed(static_cast<const f16*>(x), tokens, features, group, blob, word, bits, dmax, scale_max);
-  }
-  return 2;
+  if (dtype != GACT_DTYPE) return 2;
+  return encode_transposed_typed(static_cast<const Value*>(x), tokens, features, group, blob, key_word(key, from_state),
+                                 bits, dmax, scale_max);
 }
 
 // Decodes such a blob back into the row-major [tokens, features] matrix; answers as gact_decode.
 extern "C" int gact_decode_transposed(const uint8_t* blob, int64_t tokens, int64_t features, int64_t group, void* out,
                                       int bits, float dmax, int dtype) {
-  if (group <= 0 || group % 16 || tokens % group || features % 8) return 2;
-  switch (dtype) {
-    case 0: return decode_transposed_typed(blob, tokens, features, group, static_cast<float*>(out), bits, dmax);
-    case 1: return decode_transposed_typed(blob, tokens, features, group, static_cast<bf16*>(out), bits, dmax);
-#if defined(__F16C__)
-    case 2: return decode_transposed_typed(blob, tokens, features, group, static_cast<f16*>(out), bits, dmax);
+  if (group <= 0 || group % 16 || tokens % group || features % 8 || dtype != GACT_DTYPE) return 2;
+#if GACT_DTYPE == 2 && !defined(__F16C__)
+  return 3;
 #else
-    case 2: return 3;
+  return decode_transposed_typed(blob, tokens, features, group, static_cast<Value*>(out), bits, dmax);
 #endif
-  }
-  return 2;
 }
 """
 
 
 @functools.cache
-def library():
-    """The compiled codec, or None (with a warning) when it cannot be built here."""
+def library(dtype: torch.dtype = torch.float32):
+    """The codec compiled for inputs of ``dtype`` (float32 serves the dtype-free bool and noise
+    kernels), or None (with a warning) when it cannot be built here."""
     try:
-        lib = _compat.compile_cpp_library(_SOURCE)
+        lib = _compat.compile_cpp_library(f"#define GACT_DTYPE {DTYPE_CODES.get(dtype, 0)}\n" + _SOURCE)
     except Exception as error:  # no compiler, or a broken toolchain: the reference still works
         log.warning("gact: the CPU codec could not be compiled (%s: %s); the slower torch reference serves instead",
                     type(error).__name__, str(error).splitlines()[0][:200])
@@ -1185,8 +1182,8 @@ def library():
     return lib
 
 
-def available() -> bool:
-    return library() is not None
+def available(dtype: torch.dtype = torch.float32) -> bool:
+    return library(dtype) is not None
 
 
 def _new_blob(numel: int, bits: int, group_size: int, itemsize: int) -> torch.Tensor:
@@ -1201,7 +1198,7 @@ def quantize(flat: torch.Tensor, bits: int, group_size: int, *, state=None, key=
     values = flat.contiguous()
     numel = values.numel()
     blob = _new_blob(numel, bits, group_size, flat.element_size())
-    status = library().gact_encode(values.data_ptr(), numel, group_size, blob.data_ptr(), source.data_ptr(), from_state,
+    status = library(flat.dtype).gact_encode(values.data_ptr(), numel, group_size, blob.data_ptr(), source.data_ptr(), from_state,
                                    bits, float(torch.finfo(flat.dtype).max), SCALE_MAX,
                                    DTYPE_CODES[flat.dtype])
     if status:
@@ -1241,9 +1238,10 @@ def quantize_transposed(matrix: torch.Tensor, bits: int, group_size: int, *, sta
     tokens, features = matrix.shape
     values = matrix.contiguous()
     blob = _new_blob(values.numel(), bits, group_size, values.element_size())
-    status = library().gact_encode_transposed(values.data_ptr(), tokens, features, group_size, blob.data_ptr(),
-                                              source.data_ptr(), from_state, bits, float(torch.finfo(values.dtype).max),
-                                              SCALE_MAX, DTYPE_CODES[values.dtype])
+    status = library(values.dtype).gact_encode_transposed(values.data_ptr(), tokens, features, group_size,
+                                                          blob.data_ptr(), source.data_ptr(), from_state, bits,
+                                                          float(torch.finfo(values.dtype).max), SCALE_MAX,
+                                                          DTYPE_CODES[values.dtype])
     if status:
         raise ValueError(f"gact CPU codec: no feature-major encoding of {tokens} x {features} at {bits} bits in "
                          f"groups of {group_size}")
@@ -1264,10 +1262,10 @@ def dequantize(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: i
     blob = blob.contiguous()
     dmax = float(torch.finfo(dtype).max)
     out = torch.empty(numel, dtype=dtype)
-    status = library().gact_decode(blob.data_ptr(), numel, group_size, out.data_ptr(), bits, dmax, DTYPE_CODES[dtype])
+    status = library(dtype).gact_decode(blob.data_ptr(), numel, group_size, out.data_ptr(), bits, dmax, DTYPE_CODES[dtype])
     if status == NO_HALF_STORE:
         wide = torch.empty(numel, dtype=torch.float32)
-        status = library().gact_decode(blob.data_ptr(), numel, group_size, wide.data_ptr(), bits, dmax, 0)
+        status = library(torch.float32).gact_decode(blob.data_ptr(), numel, group_size, wide.data_ptr(), bits, dmax, 0)
         out = wide.to(dtype)
     if status:
         raise ValueError(f"gact CPU codec: unsupported width {bits}")
@@ -1282,11 +1280,12 @@ def dequantize_transposed(blob: torch.Tensor, tokens: int, features: int, dtype:
     blob = blob.contiguous()
     dmax = float(torch.finfo(dtype).max)
     out = torch.empty(tokens, features, dtype=dtype)
-    decode = library().gact_decode_transposed
+    decode = library(dtype).gact_decode_transposed
     status = decode(blob.data_ptr(), tokens, features, group_size, out.data_ptr(), bits, dmax, DTYPE_CODES[dtype])
     if status == NO_HALF_STORE:
         wide = torch.empty(tokens, features, dtype=torch.float32)
-        status = decode(blob.data_ptr(), tokens, features, group_size, wide.data_ptr(), bits, dmax, 0)
+        status = library(torch.float32).gact_decode_transposed(blob.data_ptr(), tokens, features, group_size,
+                                                               wide.data_ptr(), bits, dmax, 0)
         out = wide.to(dtype)
     if status:
         raise ValueError(f"gact CPU codec: no feature-major decoding of {tokens} x {features} at {bits} bits in "

@@ -63,22 +63,23 @@ def implementation(tensor: torch.Tensor, bits: int, dtype: torch.dtype | None = 
             raise RuntimeError("GACT_FX_KERNELS=triton but Triton is not installed (pip install 'gact-fx[triton]')")
         return "triton"
     if choice == "cpu":
-        if not on_cpu or not _codec_available():
+        if not on_cpu or not _codec_available(dtype or tensor.dtype):
             raise RuntimeError("GACT_FX_KERNELS=cpu needs CPU tensors and a C++ compiler (see the warning above)")
         return "cpu"
     if choice == "auto":
         if tensor.device.type == "cuda" and triton_installed():
             return "triton"
-        if on_cpu and _codec_available():
+        if on_cpu and _codec_available(dtype or tensor.dtype):
             return "cpu"
     return "reference"
 
 
-def _codec_available() -> bool:
-    """Whether the C++ CPU codec compiled here (imported on first use, never at import time)."""
+def _codec_available(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether the C++ CPU codec for ``dtype`` compiled here (imported on first use, never at import
+    time; the bool kernels come with float32's)."""
     from . import cpu_kernels
 
-    return cpu_kernels.available()
+    return cpu_kernels.available(dtype)
 
 
 def uses_triton(tensor: torch.Tensor, bits: int) -> bool:

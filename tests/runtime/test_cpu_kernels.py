@@ -174,3 +174,14 @@ def test_shapes_the_feature_major_kernels_do_not_take_are_refused(tokens, featur
     assert not cpu_kernels.transposable(tokens, features, group_size, torch.float32)
     with pytest.raises(ValueError, match="no feature-major encoding"):
         cpu_kernels.quantize_transposed(torch.randn(tokens, features), 2, group_size, key=noise.key_of(1, 2))
+
+
+def test_each_input_dtype_has_a_library_of_its_own_that_refuses_the_others():
+    # one library per dtype is a third of the build; a mix-up must fail loudly, not misread bytes
+    x = sample(512, torch.float32)
+    blob = cpu_kernels._new_blob(x.numel(), 2, 256, 2)
+    bf16_library = cpu_kernels.library(torch.bfloat16)
+    assert bf16_library is not cpu_kernels.library(torch.float32)
+    status = bf16_library.gact_encode(x.data_ptr(), x.numel(), 256, blob.data_ptr(), noise.key_of(1, 2).data_ptr(), 0, 2,
+                                      float(torch.finfo(torch.float32).max), 1.0, cpu_kernels.DTYPE_CODES[torch.float32])
+    assert status == 2

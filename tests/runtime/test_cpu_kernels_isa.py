@@ -25,18 +25,18 @@ if platform.machine() not in ("x86_64", "AMD64") or shutil.which("g++") is None:
 
 @pytest.fixture(scope="module")
 def libraries(tmp_path_factory):
-    """-march -> the codec compiled for it (a path), built on first use."""
+    """(-march, source) -> the codec compiled for it (a path), built on first use."""
     built = {}
 
-    def build(march):
-        if march not in built:
+    def build(march, text):
+        if (march, text) not in built:
             folder = tmp_path_factory.mktemp(march)
             source, library = folder / "codec.cpp", folder / "codec.so"
-            source.write_text(cpu_kernels._SOURCE)
+            source.write_text(text)
             flags = ["-O2", f"-march={march}", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off", "-std=c++20"]
             subprocess.run(["g++", *flags, str(source), "-o", str(library)], check=True, capture_output=True)
-            built[march] = library
-        return built[march]
+            built[march, text] = library
+        return built[march, text]
 
     return build
 
@@ -44,8 +44,7 @@ def libraries(tmp_path_factory):
 @pytest.fixture(params=["x86-64-v3", "x86-64"])
 def codec_for(request, libraries, monkeypatch):
     """``cpu_kernels`` with its library compiled for the parametrised -march."""
-    library = libraries(request.param)
-    monkeypatch.setattr(_compat, "compile_cpp_library", lambda _: ctypes.CDLL(str(library)))
+    monkeypatch.setattr(_compat, "compile_cpp_library", lambda source: ctypes.CDLL(str(libraries(request.param, source))))
     cpu_kernels.library.cache_clear()
     yield cpu_kernels
     cpu_kernels.library.cache_clear()  # the next caller compiles for this machine again

@@ -1,0 +1,136 @@
+"""Compile time of the gact backend against plain Inductor on the CPU, cold and warm.
+
+Every measurement runs in a fresh Python process with an Inductor cache directory of its
+own, so that nothing carries over from an earlier model or method in memory or on disk:
+
+* *cold*: the first process on an empty cache. Inductor generates and builds every
+  kernel, and gact builds its CPU codec library (once per machine in practice);
+* *warm*: a second process on the same cache, where kernels and FX graphs come from disk:
+  what a user waits from the second run of the same script on.
+
+The time is the first training step, forward and backward, both compiled: what the user
+waits before training starts. The median of the next steps is reported beside it, so the
+rows show that the compiled program is the one the step-time tables measure. One torch
+thread.
+
+    python benchmarks/compile_time.py
+    python benchmarks/compile_time.py --models char-gpt --bits 2 8 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from benchmarks._results import save_table  # noqa: E402
+
+MODELS = ("fashion-cnn", "char-gpt", "bert")
+OFF = "off"  # the --method of plain Inductor (gact disabled)
+
+
+def child(model_name: str, method: str, steps: int) -> dict:
+    """In the measuring process: build, compile and time one model under one method."""
+    import copy
+
+    import torch
+
+    import gact_fx
+    from benchmarks.cpu_step_time import cases
+    from tests.helpers import projection_loss
+
+    torch.set_num_threads(1)
+    model, inputs = cases()[model_name]
+    model = copy.deepcopy(model)
+    if method == OFF:
+        backend = gact_fx.backend(enabled=False, compiler="inductor")
+    else:
+        backend = gact_fx.backend(bits=int(method), compiler="inductor")
+    compiled = torch.compile(model, backend=backend)
+    started = time.perf_counter()
+    projection_loss(compiled(*inputs)).backward()
+    first_s = time.perf_counter() - started
+    times = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        model.zero_grad(set_to_none=True)
+        projection_loss(compiled(*inputs)).backward()
+        times.append(time.perf_counter() - started)
+    return dict(first_s=first_s, step_ms=1e3 * statistics.median(times))
+
+
+def measure(model_name: str, method: str, cache: pathlib.Path, steps: int) -> dict:
+    """Run ``child`` in a new process on the Inductor cache ``cache``."""
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT))
+    command = [sys.executable, __file__, "--child", model_name, method, "--steps", str(steps)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=ROOT)
+    if done.returncode:
+        raise RuntimeError(f"{model_name} / {method} failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def label(method: str) -> str:
+    return "plain Inductor" if method == OFF else f"gact {method} bit"
+
+
+def markdown(rows: list[dict], args) -> str:
+    lines = [f"One thread; a fresh process per cell, median of {args.repeats} cold and {args.repeats} warm runs; "
+             f"step ms: median of the {args.steps} steps after the first.\n",
+             "| model | method | cold first step s | vs plain Inductor | warm first step s | vs plain Inductor | step ms |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    base = {r["model"]: r for r in rows if r["method"] == OFF}
+    for r in rows:
+        b = base[r["model"]]
+        lines.append(f"| {r['model']} | {label(r['method'])} | {r['cold_s']:.1f} | {r['cold_s'] / b['cold_s']:.2f}x | "
+                     f"{r['warm_s']:.1f} | {r['warm_s'] / b['warm_s']:.2f}x | {r['step_ms']:.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--bits", nargs="+", type=int, default=[2])
+    parser.add_argument("--repeats", type=int, default=2, help="cold (and warm) runs per cell")
+    parser.add_argument("--steps", type=int, default=5, help="steps timed after the first")
+    parser.add_argument("--name", default="compile_time", help="results file: benchmarks/results/NAME.json")
+    parser.add_argument("--child", nargs=2, metavar=("MODEL", "METHOD"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(*args.child, args.steps)))
+        return
+    import torch
+
+    torch.set_num_threads(1)  # as in the measuring processes, which the results' metadata describes
+    methods = [OFF] + [str(bits) for bits in args.bits]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="gact-compile-time-") as scratch:
+        for model_name in args.models:
+            for method in methods:
+                cold, warm, steps = [], [], []
+                for repeat in range(args.repeats):
+                    cache = pathlib.Path(scratch) / f"{model_name}-{method}-{repeat}"
+                    first = measure(model_name, method, cache, args.steps)
+                    second = measure(model_name, method, cache, args.steps)
+                    cold.append(first["first_s"])
+                    warm.append(second["first_s"])
+                    steps += [first["step_ms"], second["step_ms"]]
+                    print(f"{model_name} {label(method)} run {repeat + 1}/{args.repeats}: cold {first['first_s']:.1f} s, "
+                          f"warm {second['first_s']:.1f} s", file=sys.stderr, flush=True)
+                rows.append(dict(model=model_name, method=method, cold_s=statistics.median(cold),
+                                 warm_s=statistics.median(warm), step_ms=statistics.median(steps), cold_runs=cold,
+                                 warm_runs=warm))
+    table = markdown(rows, args)
+    print(table)
+    save_table(args.name, table, rows=rows)
+
+
+if __name__ == "__main__":
+    main()
