@@ -776,6 +776,22 @@ struct SixteenLanes {  // where the matrix's features come in sixteens
   static F uniforms(U h, bool upper) { return uniforms_of<F>(h, upper); }
   static bool any(U v) { return or_lanes((u8)low_half((F)v) | (u8)high_half((F)v)) != 0; }
   template <typename T> static void store(T* p, F v) { store16(p, v); }
+  // The 8-bit codes of sixteen tokens j..j+15 of sixteen groups: quads[i] holds, in lane l, the
+  // bytes of tokens j + 4i .. j + 4i + 3 of group l. A 4x4 transpose of words in each 128-bit
+  // block gives each group its sixteen bytes, stored at codes[l] + j.
+  static void store_bytes(uint8_t* const* codes, int64_t j, const U* quads) {
+    const __m512i q0 = (__m512i)quads[0], q1 = (__m512i)quads[1], q2 = (__m512i)quads[2], q3 = (__m512i)quads[3];
+    const __m512i a = _mm512_unpacklo_epi32(q0, q1), b = _mm512_unpackhi_epi32(q0, q1);
+    const __m512i c = _mm512_unpacklo_epi32(q2, q3), d = _mm512_unpackhi_epi32(q2, q3);
+    const __m512i rows[4] = {_mm512_unpacklo_epi64(a, c), _mm512_unpackhi_epi64(a, c), _mm512_unpacklo_epi64(b, d),
+                             _mm512_unpackhi_epi64(b, d)};  // rows[i], block k: group 4k + i
+    for (int i = 0; i < 4; ++i) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes[i] + j), _mm512_castsi512_si128(rows[i]));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes[4 + i] + j), _mm512_extracti32x4_epi32(rows[i], 1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes[8 + i] + j), _mm512_extracti32x4_epi32(rows[i], 2));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes[12 + i] + j), _mm512_extracti32x4_epi32(rows[i], 3));
+    }
+  }
 };
 #endif
 
@@ -851,6 +867,7 @@ void encode_block(const T* x, int64_t N, int64_t C, int64_t t0, int64_t c0, int6
 
   const F zero = V::splat(0.0f);
   U lane_words = V::splat_u(0), upper_words = V::splat_u(0);  // upper_words: the high plane's words at 3 bits
+  U quads[4] = {V::splat_u(0), V::splat_u(0), V::splat_u(0), V::splat_u(0)};  // at 8 bits: four tokens a word
   for (int64_t j = 0; j < group; j += 16) {
     // runtime.noise's pair hashes of tokens j..j+15 of the block's features: element
     // (c0 + l) * N + t0 + j + k, a multiple of 16 plus k, so hash k & 7, half k & 8
@@ -887,6 +904,14 @@ void encode_block(const T* x, int64_t N, int64_t C, int64_t t0, int64_t c0, int6
           upper_words = V::splat_u(0);
         } else if (t + 1 == group) {
           for (int l = 0; l < LANES_W; ++l) { const uint32_t word = upper_words[l]; std::memcpy(codes[l] + group / 4 + (t - 15) / 8, &word, 2); }
+        }
+        continue;
+      }
+      if constexpr (BITS == 8 && LANES_W == 16) {  // sixteen tokens' bytes a lane, then one transpose
+        quads[k / 4] |= (U)code << V::splat_u((uint32_t)(8 * (k % 4)));
+        if (k == 15) {
+          V::store_bytes(codes, j, quads);
+          for (U& quad : quads) quad = V::splat_u(0);
         }
         continue;
       }
@@ -991,9 +1016,7 @@ template <int BITS, typename T>
 void encode_transposed_all(const T* x, int64_t N, int64_t C, int64_t group, uint8_t* blob, uint32_t key, float dmax,
                            float scale_max) {
 #if GACT_SIXTEEN_LANES
-  // Not at 8 bits: a word holds four tokens there, and sixteen lanes' words taken out of the
-  // vector every four tokens cost more than the width saves (0.8x).
-  if (C % 16 == 0 && BITS != 8) {
+  if (C % 16 == 0) {
     const int64_t lanes = C / 16, blocks = (N / group) * lanes;
 #pragma omp parallel for schedule(static) if (blocks > 8)
     for (int64_t b = 0; b < blocks; ++b)
