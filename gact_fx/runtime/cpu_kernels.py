@@ -776,20 +776,39 @@ struct SixteenLanes {  // where the matrix's features come in sixteens
   static F uniforms(U h, bool upper) { return uniforms_of<F>(h, upper); }
   static bool any(U v) { return or_lanes((u8)low_half((F)v) | (u8)high_half((F)v)) != 0; }
   template <typename T> static void store(T* p, F v) { store16(p, v); }
-  // The 8-bit codes of sixteen tokens j..j+15 of sixteen groups: quads[i] holds, in lane l, the
-  // bytes of tokens j + 4i .. j + 4i + 3 of group l. A 4x4 transpose of words in each 128-bit
-  // block gives each group its sixteen bytes, stored at codes[l] + j.
-  static void store_bytes(uint8_t* const* codes, int64_t j, const U* quads) {
-    const __m512i q0 = (__m512i)quads[0], q1 = (__m512i)quads[1], q2 = (__m512i)quads[2], q3 = (__m512i)quads[3];
-    const __m512i a = _mm512_unpacklo_epi32(q0, q1), b = _mm512_unpackhi_epi32(q0, q1);
-    const __m512i c = _mm512_unpacklo_epi32(q2, q3), d = _mm512_unpackhi_epi32(q2, q3);
-    const __m512i rows[4] = {_mm512_unpacklo_epi64(a, c), _mm512_unpackhi_epi64(a, c), _mm512_unpacklo_epi64(b, d),
-                             _mm512_unpackhi_epi64(b, d)};  // rows[i], block k: group 4k + i
-    for (int i = 0; i < 4; ++i) {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes[i] + j), _mm512_castsi512_si128(rows[i]));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes[4 + i] + j), _mm512_extracti32x4_epi32(rows[i], 1));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes[8 + i] + j), _mm512_extracti32x4_epi32(rows[i], 2));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes[12 + i] + j), _mm512_extracti32x4_epi32(rows[i], 3));
+  // The codes of sixteen tokens of sixteen groups, WORDS 32-bit words a group (2 at 4 bits, 4 at
+  // 8): words[i] holds, in lane l, word i of group l. A transpose of words within each 128-bit
+  // block gives each group its 4 * WORDS bytes, stored at codes[l] + offset.
+  template <int WORDS> static void store_words(uint8_t* const* codes, int64_t offset, const U* words) {
+    const auto blocks = [](__m512i v, __m128i* out) {  // its four 128-bit blocks (immediate indices)
+      out[0] = _mm512_castsi512_si128(v);
+      out[1] = _mm512_extracti32x4_epi32(v, 1);
+      out[2] = _mm512_extracti32x4_epi32(v, 2);
+      out[3] = _mm512_extracti32x4_epi32(v, 3);
+    };
+    const __m512i w0 = (__m512i)words[0], w1 = (__m512i)words[1];
+    const __m512i a = _mm512_unpacklo_epi32(w0, w1), b = _mm512_unpackhi_epi32(w0, w1);
+    if constexpr (WORDS == 2) {  // a: groups 4k and 4k + 1 in block k, b: 4k + 2 and 4k + 3
+      __m128i low[4], high[4];
+      blocks(a, low);
+      blocks(b, high);
+      for (int k = 0; k < 4; ++k) {
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(codes[4 * k] + offset), low[k]);
+        _mm_storeh_pd(reinterpret_cast<double*>(codes[4 * k + 1] + offset), _mm_castsi128_pd(low[k]));
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(codes[4 * k + 2] + offset), high[k]);
+        _mm_storeh_pd(reinterpret_cast<double*>(codes[4 * k + 3] + offset), _mm_castsi128_pd(high[k]));
+      }
+    } else {
+      static_assert(WORDS == 4);
+      const __m512i w2 = (__m512i)words[2], w3 = (__m512i)words[3];
+      const __m512i c = _mm512_unpacklo_epi32(w2, w3), d = _mm512_unpackhi_epi32(w2, w3);
+      const __m512i rows[4] = {_mm512_unpacklo_epi64(a, c), _mm512_unpackhi_epi64(a, c), _mm512_unpacklo_epi64(b, d),
+                               _mm512_unpackhi_epi64(b, d)};  // rows[i], block k: group 4k + i
+      for (int i = 0; i < 4; ++i) {
+        __m128i row[4];
+        blocks(rows[i], row);
+        for (int k = 0; k < 4; ++k) _mm_storeu_si128(reinterpret_cast<__m128i*>(codes[4 * k + i] + offset), row[k]);
+      }
     }
   }
 };
@@ -867,7 +886,7 @@ void encode_block(const T* x, int64_t N, int64_t C, int64_t t0, int64_t c0, int6
 
   const F zero = V::splat(0.0f);
   U lane_words = V::splat_u(0), upper_words = V::splat_u(0);  // upper_words: the high plane's words at 3 bits
-  U quads[4] = {V::splat_u(0), V::splat_u(0), V::splat_u(0), V::splat_u(0)};  // at 8 bits: four tokens a word
+  U gathered[4] = {V::splat_u(0), V::splat_u(0), V::splat_u(0), V::splat_u(0)};  // at 4 and 8 bits: a lane's 16 tokens
   for (int64_t j = 0; j < group; j += 16) {
     // runtime.noise's pair hashes of tokens j..j+15 of the block's features: element
     // (c0 + l) * N + t0 + j + k, a multiple of 16 plus k, so hash k & 7, half k & 8
@@ -907,11 +926,12 @@ void encode_block(const T* x, int64_t N, int64_t C, int64_t t0, int64_t c0, int6
         }
         continue;
       }
-      if constexpr (BITS == 8 && LANES_W == 16) {  // sixteen tokens' bytes a lane, then one transpose
-        quads[k / 4] |= (U)code << V::splat_u((uint32_t)(8 * (k % 4)));
+      if constexpr ((BITS == 4 || BITS == 8) && LANES_W == 16) {  // sixteen tokens a lane, then one transpose
+        constexpr int PER_WORD = 32 / BITS;
+        gathered[k / PER_WORD] |= (U)code << V::splat_u((uint32_t)(BITS * (k % PER_WORD)));
         if (k == 15) {
-          V::store_bytes(codes, j, quads);
-          for (U& quad : quads) quad = V::splat_u(0);
+          V::template store_words<BITS / 2>(codes, j * BITS / 8, gathered);
+          for (U& word : gathered) word = V::splat_u(0);
         }
         continue;
       }
