@@ -5,8 +5,8 @@ the torch reference on the CPU) and the aten lowering compiled by Inductor. Byte
 counted are what each must move: quantize reads the tensor and writes the blob,
 dequantize the reverse; the copy reads and writes the tensor. The ceiling is the faster
 of a copy into a new tensor and a copy into a buffer allocated once, each timed before and
-after the dtype's codec rows (its faster time counts: on the CPU a copy's speed drifts by
-10-15% between runs, and a slow one would flatter every share). The "feature
+after the dtype's codec rows (its faster time counts: on the CPU a copy's speed drifted by up
+to a third between runs, and a slow one would flatter every share). The "feature
 groups" rows encode a [tokens, 1024] tensor in groups of one feature's tokens and decode
 it back to its own layout (on the CPU without a transposed copy).
 """

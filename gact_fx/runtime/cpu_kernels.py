@@ -8,9 +8,8 @@ and its temporaries raised the peak memory. This kernel does, per group of
 scale; the noise (``runtime.noise``'s hash, one vector of hashes serving two vectors of
 elements), the rounding and the packing, in GCC/Clang vector types: sixteen lanes at a
 time where the machine has AVX-512 (Inductor compiles with ``-march=native``), the codes
-of 64 elements packed byte-wise (shifted into the bytes of one vector, then one byte shuffle;
-at 1 bit, compare masks), and eight lanes elsewhere; decode
-is one pass too. For ``feature_groups`` a second pair of kernels takes a row-major
+of 64 elements packed byte-wise (shifted into the bytes of one vector, then one byte
+shuffle; at 1 bit, compare masks), and eight lanes elsewhere; decode is one pass too. For ``feature_groups`` a second pair of kernels takes a row-major
 [tokens, features] matrix and writes the blob of its transpose (each group one feature's
 tokens, eight or sixteen groups in as many lanes), and decodes back into the matrix: no
 transposed copy either way. bool masks (ReLU's, dropout's) are packed eight to a byte here
@@ -21,9 +20,10 @@ It writes exactly the reference's blob, bit for bit (the same float operations, 
 same order, with no fused multiply-add). It is compiled on first use by Inductor's C++
 toolchain (the compiler Inductor needs on the CPU anyway), one library per input dtype
 (2.5 s each where all three took 7 s; then cached on disk): no build step at install. If
-that fails, a warning says so and the reference serves instead. float32, bfloat16 and float16 are read as they are (converted
-to float32 in registers, as the reference's arithmetic is float32); decode writes each dtype
-directly, rounding to nearest even as torch's conversion does.
+that fails, a warning says so and the reference serves instead. float32, bfloat16 and
+float16 are read as they are (converted to float32 in registers, as the reference's
+arithmetic is float32); decode writes each dtype directly, rounding to nearest even as
+torch's conversion does.
 """
 
 from __future__ import annotations
@@ -278,9 +278,6 @@ inline f16l uniforms16(u16l h, bool second) {  // as ``uniforms``
 
 typedef uint8_t b64 __attribute__((vector_size(64)));
 
-// The codes of 64 consecutive elements (four vectors of sixteen, 0..2^BITS - 1), packed into
-// 8 * BITS bytes at ``out`` as store_codes16 lays them out (BITS 1, 2 or 4). Element 16q + l
-// is lane l of c[q].
 // One bit of each of 64 codes (``bit``: its value), packed as 1-bit codes: each vector's sixteen a mask.
 inline void store_bit64(uint8_t* out, const i16l* c, int32_t bit) {
   const __m512i b = _mm512_set1_epi32(bit);
@@ -291,7 +288,10 @@ inline void store_bit64(uint8_t* out, const i16l* c, int32_t bit) {
   std::memcpy(out, &words, 8);
 }
 
-// LOW_BITS: codes of more bits, of which only the low BITS are packed (3 bits' low plane).
+// The codes of 64 consecutive elements (four vectors of sixteen, 0..2^BITS - 1), packed into
+// 8 * BITS bytes at ``out`` as store_codes16 lays them out (BITS 1, 2 or 4). Element 16q + l
+// is lane l of c[q]. LOW_BITS: codes of more bits, of which only the low BITS are packed (3
+// bits' low plane).
 template <int BITS, bool LOW_BITS = false>
 inline void store_codes64(uint8_t* out, const i16l* c) {
   if constexpr (BITS == 1) {
