@@ -15,6 +15,7 @@ thread.
 
     python benchmarks/compile_time.py
     python benchmarks/compile_time.py --models char-gpt --bits 2 8 --repeats 3
+    python benchmarks/compile_time.py --models fashion-cnn char-gpt bert llama-base   # + a transformers Llama
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks._results import save_table  # noqa: E402
 
 MODELS = ("fashion-cnn", "char-gpt", "bert")
+BASE_WIDTH = ("bert-base", "gpt2-base", "llama-base")  # transformers at base width, 4 layers, batch 4 x 256
 OFF = "off"  # the --method of plain Inductor (gact disabled)
 
 
@@ -48,8 +50,15 @@ def child(model_name: str, method: str, steps: int) -> dict:
     from tests.helpers import projection_loss
 
     torch.set_num_threads(1)
-    model, inputs = cases()[model_name]
-    model = copy.deepcopy(model)
+    if model_name in BASE_WIDTH:
+        from gact_fx.bench.zoo import TEXT_VOCAB, text_model
+
+        torch.manual_seed(0)
+        model = text_model(model_name.split("-")[0], 4, hidden=768, heads=12, sequence=256)
+        inputs = (torch.randint(0, TEXT_VOCAB, (4, 256)),)
+    else:
+        model, inputs = cases()[model_name]
+        model = copy.deepcopy(model)
     if method == OFF:
         backend = gact_fx.backend(enabled=False, compiler="inductor")
     else:
@@ -96,7 +105,7 @@ def markdown(rows: list[dict], args) -> str:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS + BASE_WIDTH))
     parser.add_argument("--bits", nargs="+", type=int, default=[2])
     parser.add_argument("--repeats", type=int, default=2, help="cold (and warm) runs per cell")
     parser.add_argument("--steps", type=int, default=5, help="steps timed after the first")
