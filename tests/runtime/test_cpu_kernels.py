@@ -73,7 +73,8 @@ def test_special_values_nan_and_poisoned_groups_match_the_reference(dtype, bits)
 def test_degenerate_groups_match_the_reference(bits):
     # Groups the kernel takes on a path of their own: a range of one subnormal step, whose
     # scale halves to zero (0 / 0 is NaN inside the rounding), constant groups, signed zeros,
-    # and ranges at the float32 limits.
+    # ranges at the float32 limits, and subnormal values (which bfloat16's one-instruction
+    # conversion would flush to zero).
     step = torch.finfo(torch.float32).smallest_normal * 2.0**-23  # the smallest subnormal
     groups = [
         torch.tensor([0.0, 2.0 * step] * 32),
@@ -83,12 +84,17 @@ def test_degenerate_groups_match_the_reference(bits):
         torch.tensor([0.0, -0.0] * 32),
         torch.tensor([-3.0e38, 3.0e38] * 32),
         torch.arange(64, dtype=torch.float32) * step,
+        torch.linspace(-1e-38, 1e-38, 64),  # subnormal values that bfloat16 can hold (from 2^-133)
     ]
     x = torch.cat(groups)
     key = noise.key_of(5, 6)
     blob = cpu_kernels.quantize(x, bits, 64, key=key)
     assert torch.equal(blob, reference_blob(x, bits, 64, key))
-    assert same_decode(cpu_kernels.dequantize(blob, x.numel(), torch.float32, 64), dequantize_reference(blob, x.numel(), torch.float32, 64))
+    for dtype in FLOATS:  # decoded into each dtype: the subnormal values too (bf16 keeps them)
+        decoded, expected = cpu_kernels.dequantize(blob, x.numel(), dtype, 64), dequantize_reference(blob, x.numel(), dtype, 64)
+        assert same_decode(decoded, expected)
+        assert torch.equal(decoded.view(torch.int16 if dtype != torch.float32 else torch.int32)[~expected.isnan()],
+                           expected.view(torch.int16 if dtype != torch.float32 else torch.int32)[~expected.isnan()])
 
 
 def test_the_noise_key_comes_from_a_sites_state_as_in_the_reference():
