@@ -608,6 +608,19 @@ inline void store16(f16* p, f16l v) {
   __m512 wide; std::memcpy(&wide, &v, sizeof(v));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(wide, _MM_FROUND_TO_NEAREST_INT));
 }
+#if defined(__AVX512BF16__)
+// vcvtneps2bf16 rounds to nearest even as torch does, in one instruction where store16 takes
+// six (1.3-1.6x on bfloat16 decode), but reads subnormal inputs as zero and keeps NaN's sign:
+// only for groups whose values are neither (plain_range).
+inline void store16_native(bf16* p, f16l v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh((__m512)v));
+}
+#endif
+// Whether a group of this scale and min decodes to no subnormal value and no NaN: each of
+// code * scale and the min is 0 or at least 2^-100, so a nonzero sum is at least 2^-123, normal.
+inline bool plain_range(float scale, float lo) {
+  return scale >= 0x1p-100f && (lo == 0.0f || std::fabs(lo) >= 0x1p-100f);
+}
 
 // The codes of elements j..j+15 of a group (j a multiple of 16), one per lane.
 template <int BITS>
@@ -667,17 +680,8 @@ void decode_group(const uint8_t* blob, int64_t numel, int64_t g, int64_t group, 
       }
     };
 #if defined(__AVX512BF16__)
-    // vcvtneps2bf16 rounds to nearest even as torch does, in one instruction where store16 takes
-    // six (1.3-1.5x on bfloat16 decode), but reads subnormal inputs as zero and NaN's sign as
-    // it is: only for a group whose values are neither. Each is 0 or at least 2^-100 (code *
-    // scale), as is the min, so a nonzero sum is at least 2^-123: normal.
-    if constexpr (std::is_same_v<T, bf16>) {
-      if (scale >= 0x1p-100f && (lo[0] == 0.0f || std::fabs(lo[0]) >= 0x1p-100f)) {
-        decode([](bf16* p, f16l v) {
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh((__m512)v));
-        });
-      }
-    }
+    if constexpr (std::is_same_v<T, bf16>)
+      if (plain_range(scale, lo[0])) decode([](bf16* p, f16l v) { store16_native(p, v); });
 #endif
     decode([](T* p, f16l v) { store16(p, v); });  // the rest of the groups (j == group where taken above)
   }
@@ -1014,6 +1018,7 @@ void decode_block(const uint8_t* blob, int64_t N, int64_t C, int64_t t0, int64_t
   T* dst = out + t0 * C + v0 * LANES_W;
   const bool next_segment = (v0 + VECTORS) * LANES_W < C;
   U packed[VECTORS], high[VECTORS];
+  const auto decode = [&](auto store) {
   for (int64_t j = 0; j < group; j += W) {
     const int64_t count = std::min<int64_t>(W, group - j);
     for (int v = 0; v < vectors; ++v) {
@@ -1039,12 +1044,22 @@ void decode_block(const uint8_t* blob, int64_t N, int64_t C, int64_t t0, int64_t
         if constexpr (BITS == 3)
           code = (code & V::splat_u(3)) | (((high[v] >> V::splat_u((uint32_t)k)) & V::splat_u(1)) << 2);
         const F product = __builtin_convertvector((I)code, F) * scales[v];
-        V::store(dst + (j + k) * C + v * LANES_W, code == marker[v] ? special[v] : product + lo[v]);
+        store(dst + (j + k) * C + v * LANES_W, code == marker[v] ? special[v] : product + lo[v]);
         // the next segment's line of this row, to be written: as in encode_block (1.03-1.45x)
         if (next_segment) __builtin_prefetch(dst + (j + k) * C + SEGMENT_FEATURES + v * LANES_W, 1);
       }
     }
   }
+  };
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, bf16> && LANES_W == 16) {
+    bool plain = true;
+    for (int v = 0; v < vectors; ++v)
+      for (int l = 0; l < LANES_W; ++l) plain &= plain_range(scales[v][l], lo[v][l]);
+    if (plain) return decode([](bf16* p, F v) { store16_native(p, v); });
+  }
+#endif
+  decode([](T* p, F v) { V::store(p, v); });
 }
 
 // Blocks in token-major order, so that each thread reads whole rows of the matrix.

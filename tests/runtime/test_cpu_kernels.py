@@ -167,6 +167,21 @@ def test_feature_major_blobs_and_decodes_are_the_transposed_copys_bit_for_bit(dt
     assert decoded.is_contiguous() and same_decode(decoded, expected)
 
 
+@pytest.mark.parametrize("bits", [2, 8])
+def test_feature_major_decodes_keep_subnormal_values_in_every_dtype(bits):
+    # one feature of subnormal values among ordinary ones: bfloat16's one-instruction
+    # conversion would flush them, so that block must take the exact rounding
+    matrix = torch.randn(256, 32, generator=torch.Generator().manual_seed(3))
+    matrix[:, 5] = torch.linspace(-1e-38, 1e-38, 256)
+    blob = cpu_kernels.quantize_transposed(matrix, bits, 256, key=noise.key_of(7, 8))
+    for dtype in FLOATS:
+        decoded = cpu_kernels.dequantize_transposed(blob, 256, 32, dtype, 256)
+        expected = dequantize_reference(blob, matrix.numel(), dtype, 256).view(32, 256).t()
+        assert torch.equal(decoded, expected)
+        if dtype != torch.float16:  # float16 cannot hold them
+            assert (expected[:, 5] != 0).sum() > 100
+
+
 def test_feature_major_noise_comes_from_a_sites_state_as_in_the_reference():
     matrix = torch.randn(256, 32)
     state = torch.tensor([0x9876543, 41], dtype=torch.int64)
