@@ -9,9 +9,9 @@ own, so that nothing carries over from an earlier model or method in memory or o
   what a user waits from the second run of the same script on.
 
 The time is the first training step, forward and backward, both compiled: what the user
-waits before training starts. The median of the next steps is reported beside it, so the
-rows show that the compiled program is the one the step-time tables measure. One torch
-thread.
+waits before training starts. The median of the steps after three warm-up ones is reported
+beside it, so the rows show that the compiled program is the one the step-time tables
+measure. One torch thread.
 
     python benchmarks/compile_time.py
     python benchmarks/compile_time.py --models char-gpt --bits 2 8 --repeats 3
@@ -28,7 +28,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -40,14 +39,12 @@ OFF = "off"  # the --method of plain Inductor (gact disabled)
 
 
 def child(model_name: str, method: str, steps: int) -> dict:
-    """In the measuring process: build, compile and time one model under one method."""
-    import copy
-
+    """In the measuring process: build, compile and time one model under one method
+    (``cpu_step_time.measure``: the first call, then the median step after warm-up)."""
     import torch
 
     import gact_fx
-    from benchmarks.cpu_step_time import cases
-    from tests.helpers import projection_loss
+    from benchmarks.cpu_step_time import cases, measure
 
     torch.set_num_threads(1)
     if model_name in BASE_WIDTH:
@@ -58,22 +55,12 @@ def child(model_name: str, method: str, steps: int) -> dict:
         inputs = (torch.randint(0, TEXT_VOCAB, (4, 256)),)
     else:
         model, inputs = cases()[model_name]
-        model = copy.deepcopy(model)
     if method == OFF:
         backend = gact_fx.backend(enabled=False, compiler="inductor")
     else:
         backend = gact_fx.backend(bits=int(method), compiler="inductor")
-    compiled = torch.compile(model, backend=backend)
-    started = time.perf_counter()
-    projection_loss(compiled(*inputs)).backward()
-    first_s = time.perf_counter() - started
-    times = []
-    for _ in range(steps):
-        started = time.perf_counter()
-        model.zero_grad(set_to_none=True)
-        projection_loss(compiled(*inputs)).backward()
-        times.append(time.perf_counter() - started)
-    return dict(first_s=first_s, step_ms=1e3 * statistics.median(times))
+    first_s, step_s = measure(model, inputs, backend, steps)
+    return dict(first_s=first_s, step_ms=1e3 * step_s)
 
 
 def measure(model_name: str, method: str, cache: pathlib.Path, steps: int) -> dict:
@@ -92,7 +79,7 @@ def label(method: str) -> str:
 
 def markdown(rows: list[dict], args) -> str:
     lines = [f"One thread; a fresh process per cell, median of {args.repeats} cold and {args.repeats} warm runs; "
-             f"step ms: median of the {args.steps} steps after the first.\n",
+             f"step ms: median of the {args.steps} steps after the first and three warm-up steps.\n",
              "| model | method | cold first step s | vs plain Inductor | warm first step s | vs plain Inductor | step ms |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     base = {r["model"]: r for r in rows if r["method"] == OFF}

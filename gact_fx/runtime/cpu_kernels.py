@@ -9,12 +9,13 @@ scale; the noise (``runtime.noise``'s hash, one vector of hashes serving two vec
 elements), the rounding and the packing, in GCC/Clang vector types: sixteen lanes at a
 time where the machine has AVX-512 (Inductor compiles with ``-march=native``), the codes
 of 64 elements packed byte-wise (shifted into the bytes of one vector, then one byte
-shuffle; at 1 bit, compare masks), and eight lanes elsewhere; decode is one pass too. For ``feature_groups`` a second pair of kernels takes a row-major
-[tokens, features] matrix and writes the blob of its transpose (each group one feature's
-tokens, eight or sixteen groups in as many lanes), and decodes back into the matrix: no
-transposed copy either way. bool masks (ReLU's, dropout's) are packed eight to a byte here
-too. Groups run in parallel under OpenMP, which follows ``torch.set_num_threads``. (Inductor compiles with
-``-fno-tree-loop-vectorize``: loops left to the auto-vectoriser ran 4x slower.)
+shuffle; at 1 bit, compare masks), and eight lanes elsewhere; decode is one pass too.
+For ``feature_groups`` a second pair of kernels takes a row-major [tokens, features]
+matrix and writes the blob of its transpose (each group one feature's tokens, eight or
+sixteen groups in as many lanes), and decodes back into the matrix: no transposed copy
+either way. bool masks (ReLU's, dropout's) are packed eight to a byte here too. Groups
+run in parallel under OpenMP, which follows ``torch.set_num_threads``. (Inductor compiles
+with ``-fno-tree-loop-vectorize``: loops left to the auto-vectoriser ran 4x slower.)
 
 It writes exactly the reference's blob, bit for bit (the same float operations, in the
 same order, with no fused multiply-add). It is compiled on first use by Inductor's C++
@@ -1039,37 +1040,37 @@ void decode_block(const uint8_t* blob, int64_t N, int64_t C, int64_t t0, int64_t
   const bool next_segment = (v0 + VECTORS) * LANES_W < C;
   U packed[VECTORS], high[VECTORS];
   const auto decode = [&](auto store) {
-  for (int64_t j = 0; j < group; j += W) {
-    const int64_t count = std::min<int64_t>(W, group - j);
-    for (int v = 0; v < vectors; ++v) {
-      for (int l = 0; l < LANES_W; ++l) {
-        uint32_t word = 0;
-        if constexpr (BITS == 3) {  // count is 16: the group is a multiple of 16 tokens
-          uint16_t upper = 0;
-          std::memcpy(&word, codes[v][l] + j / 4, 4);
-          std::memcpy(&upper, codes[v][l] + group / 4 + j / 8, 2);
-          high[v][l] = upper;
-        } else if (count == W) {
-          std::memcpy(&word, codes[v][l] + j * BITS / 8, 4);  // a constant size: inlined
-        } else {
-          std::memcpy(&word, codes[v][l] + j * BITS / 8, count * BITS / 8);
-        }
-        packed[v][l] = word;
-      }
-    }
-    for (int64_t k = 0; k < count; ++k) {
-      const U shift = V::splat_u((uint32_t)(k * (BITS == 3 ? 2 : BITS)));
+    for (int64_t j = 0; j < group; j += W) {
+      const int64_t count = std::min<int64_t>(W, group - j);
       for (int v = 0; v < vectors; ++v) {
-        U code = (packed[v] >> shift) & V::splat_u(L);
-        if constexpr (BITS == 3)
-          code = (code & V::splat_u(3)) | (((high[v] >> V::splat_u((uint32_t)k)) & V::splat_u(1)) << 2);
-        const F product = __builtin_convertvector((I)code, F) * scales[v];
-        store(dst + (j + k) * C + v * LANES_W, code == marker[v] ? special[v] : product + lo[v]);
-        // the next segment's line of this row, to be written: as in encode_block (1.03-1.45x)
-        if (next_segment) __builtin_prefetch(dst + (j + k) * C + SEGMENT_FEATURES + v * LANES_W, 1);
+        for (int l = 0; l < LANES_W; ++l) {
+          uint32_t word = 0;
+          if constexpr (BITS == 3) {  // count is 16: the group is a multiple of 16 tokens
+            uint16_t upper = 0;
+            std::memcpy(&word, codes[v][l] + j / 4, 4);
+            std::memcpy(&upper, codes[v][l] + group / 4 + j / 8, 2);
+            high[v][l] = upper;
+          } else if (count == W) {
+            std::memcpy(&word, codes[v][l] + j * BITS / 8, 4);  // a constant size: inlined
+          } else {
+            std::memcpy(&word, codes[v][l] + j * BITS / 8, count * BITS / 8);
+          }
+          packed[v][l] = word;
+        }
+      }
+      for (int64_t k = 0; k < count; ++k) {
+        const U shift = V::splat_u((uint32_t)(k * (BITS == 3 ? 2 : BITS)));
+        for (int v = 0; v < vectors; ++v) {
+          U code = (packed[v] >> shift) & V::splat_u(L);
+          if constexpr (BITS == 3)
+            code = (code & V::splat_u(3)) | (((high[v] >> V::splat_u((uint32_t)k)) & V::splat_u(1)) << 2);
+          const F product = __builtin_convertvector((I)code, F) * scales[v];
+          store(dst + (j + k) * C + v * LANES_W, code == marker[v] ? special[v] : product + lo[v]);
+          // the next segment's line of this row, to be written: as in encode_block (1.03-1.45x)
+          if (next_segment) __builtin_prefetch(dst + (j + k) * C + SEGMENT_FEATURES + v * LANES_W, 1);
+        }
       }
     }
-  }
   };
 #if defined(__AVX512BF16__)
   if constexpr (std::is_same_v<T, bf16> && LANES_W == 16) {
