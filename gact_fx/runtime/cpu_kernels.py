@@ -8,8 +8,9 @@ and its temporaries raised the peak memory. This kernel does, per group of
 scale; the noise (``runtime.noise``'s hash, one vector of hashes serving two vectors of
 elements), the rounding and the packing, in GCC/Clang vector types: sixteen lanes at a
 time where the machine has AVX-512 (Inductor compiles with ``-march=native``), the codes
-of 64 elements packed byte-wise (shifted into the bytes of one vector, then one byte
-shuffle; at 1 bit, compare masks), and eight lanes elsewhere; decode is one pass too.
+of 64 elements saturated into one vector of bytes, gathered by multiply-adds and put in
+order by one byte shuffle (at 1 bit, compare masks), and eight lanes elsewhere; decode
+is one pass too.
 For ``feature_groups`` a second pair of kernels takes a row-major [tokens, features]
 matrix and writes the blob of its transpose (each group one feature's tokens, eight or
 sixteen groups in as many lanes), and decodes back into the matrix: no transposed copy
@@ -18,13 +19,13 @@ run in parallel under OpenMP, which follows ``torch.set_num_threads``. (Inductor
 with ``-fno-tree-loop-vectorize``: loops left to the auto-vectoriser ran 4x slower.)
 
 It writes exactly the reference's blob, bit for bit (the same float operations, in the
-same order, with no fused multiply-add). It is compiled on first use by Inductor's C++
-toolchain (the compiler Inductor needs on the CPU anyway), one library per input dtype
-(2.5 s each where all three took 7 s; then cached on disk): no build step at install. If
-that fails, a warning says so and the reference serves instead. float32, bfloat16 and
-float16 are read as they are (converted to float32 in registers, as the reference's
-arithmetic is float32); decode writes each dtype directly, rounding to nearest even as
-torch's conversion does.
+same order; the one fused multiply-add, in the uniforms, is exact). It is compiled on
+first use by Inductor's C++ toolchain (the compiler Inductor needs on the CPU anyway), one
+library per input dtype (2.5 s each where all three took 7 s; then cached on disk): no
+build step at install. If that fails, a warning says so and the reference serves instead.
+float32, bfloat16 and float16 are read as they are (converted to float32 in registers, as
+the reference's arithmetic is float32); decode writes each dtype directly, rounding to
+nearest even as torch's conversion does.
 """
 
 from __future__ import annotations
@@ -221,9 +222,10 @@ inline void store_group_codes16(uint8_t* codes, int64_t group, int64_t j, i8 fir
 
 // ---- Sixteen lanes: the contiguous codec's common case (groups of a multiple of 64
 // elements to encode, of 16 to decode) in 64-byte vectors, half the instructions of two
-// 8-lane vectors, where the machine has AVX-512. Elsewhere the 8-lane code serves: GCC
-// passes 64-byte vectors through memory without AVX-512, eight times slower.
-#if defined(__AVX512F__)
+// 8-lane vectors, where the machine has AVX-512 with byte and word instructions (BW: every
+// AVX-512 CPU but Xeon Phi). Elsewhere the 8-lane code serves: GCC passes 64-byte vectors
+// through memory without AVX-512, eight times slower.
+#if defined(__AVX512F__) && defined(__AVX512BW__)
 #define GACT_SIXTEEN_LANES 1
 #else
 #define GACT_SIXTEEN_LANES 0
@@ -243,18 +245,12 @@ inline f8 high_half(f16l a) { return __builtin_shufflevector(a, a, 8, 9, 10, 11,
 typedef uint16_t h16 __attribute__((vector_size(32)));
 inline f16l load16(const float* p) { f16l a; std::memcpy(&a, p, sizeof(a)); return a; }
 inline f16l load16(const bf16* p) {  // each bfloat16 the high half of a float
-#if defined(__AVX512BW__)
   // one word permute into the odd words, the even ones zeroed, where a widening and a shift
   // took two instructions (1.06-1.11x on bfloat16 quantize)
   const __m512i index = _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0, 7, 0, 6, 0, 5, 0, 4, 0,
                                          3, 0, 2, 0, 1, 0, 0, 0);
   const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return (f16l)_mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, index, _mm512_castsi256_si512(raw));
-#else
-  h16 raw;
-  std::memcpy(&raw, p, sizeof(raw));
-  return (f16l)(__builtin_convertvector(raw, u16l) << 16);
-#endif
 }
 inline f16l load16(const f16* p) {
   f16l a; const __m512 wide = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -268,6 +264,14 @@ inline u16l fmix32(u16l h) {
   return h;
 }
 
+// fmix32(g ^ k), given k_mixed = k ^ (k >> 16): the first step's shift distributes over the
+// XOR, so the key costs nothing (one ternary logic op takes all three; 1.01-1.04x).
+inline u16l fmix32_keyed(u16l g, u16l k_mixed) {
+  u16l h = g ^ (g >> 16) ^ k_mixed;
+  h *= splat16_u(M1); h ^= h >> 13; h *= splat16_u(M2); h ^= h >> 16;
+  return h;
+}
+
 // The pair hashes of the 32 elements first..first+31 (first a multiple of 32): lanes 0-7 are
 // pair_hash8(first), lanes 8-15 pair_hash8(first + 16) (sixteen consecutive pairs share a high word).
 inline u16l pair_hash16(uint64_t first, uint32_t key) {
@@ -277,79 +281,71 @@ inline u16l pair_hash16(uint64_t first, uint32_t key) {
 }
 
 // The uniforms of elements first..first+15 (second: first+16..first+31) from pair_hash16(first):
-// each lane's low half serves element l, its high half element l + 8, as in ``uniforms``.
-inline f16l uniforms16(u16l h, bool second) {  // as ``uniforms``
-  const u16l mantissa = splat16_u(UNIFORM_MANTISSA), one = splat16_u(ONE_AND_HALF_STEP);
-  const u16l low = ((h << 7) & mantissa) | one, high = ((h >> 9) & mantissa) | one;
-  const u16l half = second ? __builtin_shufflevector(low, high, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31)
-                           : __builtin_shufflevector(low, high, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
-  return (f16l)half - splat16(1.0f);
+// each lane's low half serves element l, its high half element l + 8, as in ``uniforms``. Each
+// half is moved into a zeroed word (one word permute), then (2 * half + 1) * 2^-17 is taken as
+// half * 2^-16 + 2^-17 in one exact multiply-add: three instructions a vector where setting
+// mantissa bits took four (1.03-1.05x on quantize).
+typedef uint16_t w32 __attribute__((vector_size(64)));
+inline f16l uniforms16(u16l h, bool second) {
+  const w32 words = (w32)h, zero = {};
+  const w32 half = second ? __builtin_shufflevector(words, zero, 16, 32, 18, 32, 20, 32, 22, 32, 24, 32, 26, 32, 28, 32, 30, 32,
+                                                    17, 32, 19, 32, 21, 32, 23, 32, 25, 32, 27, 32, 29, 32, 31, 32)
+                          : __builtin_shufflevector(words, zero, 0, 32, 2, 32, 4, 32, 6, 32, 8, 32, 10, 32, 12, 32, 14, 32,
+                                                    1, 32, 3, 32, 5, 32, 7, 32, 9, 32, 11, 32, 13, 32, 15, 32);
+  const __m512 value = (__m512)__builtin_convertvector((i16l)half, f16l);
+  return (f16l)_mm512_fmadd_ps(value, _mm512_set1_ps(1.0f / 65536), _mm512_set1_ps(1.0f / 131072));
 }
 
 typedef uint8_t b64 __attribute__((vector_size(64)));
 
-// One bit of each of 64 codes (``bit``: its value), packed as 1-bit codes: each vector's sixteen a mask.
-inline void store_bit64(uint8_t* out, const i16l* c, int32_t bit) {
-  const __m512i b = _mm512_set1_epi32(bit);
-  const uint64_t words = (uint64_t)_mm512_test_epi32_mask((__m512i)c[0], b) |
-                         (uint64_t)_mm512_test_epi32_mask((__m512i)c[1], b) << 16 |
-                         (uint64_t)_mm512_test_epi32_mask((__m512i)c[2], b) << 32 |
-                         (uint64_t)_mm512_test_epi32_mask((__m512i)c[3], b) << 48;
-  std::memcpy(out, &words, 8);
+// ---- 64 codes (c[q] lane l: element j + 16q + l) packed through one vector of bytes. Two
+// dword packs and a word pack saturate them to 0..255 (a negative code, NaN's truncation
+// among them, to 0) in the packs' order, per 128-bit block k: byte 16k + 4q + i holds element
+// 16q + 4k + i. Each dword so holds four consecutive elements, which multiply-adds gather into
+// one byte (2 bits) or two (4 bits), and one byte shuffle puts in order: half the instructions
+// of shifting each vector's codes into place, and the clamp at the top once for 64 codes
+// (1.03-1.13x on quantize at 2-8 bits).
+inline b64 code_bytes64(const i16l* c) {
+  return (b64)_mm512_packus_epi16(_mm512_packus_epi32((__m512i)c[0], (__m512i)c[1]),
+                                  _mm512_packus_epi32((__m512i)c[2], (__m512i)c[3]));
 }
 
-// The codes of 64 consecutive elements (four vectors of sixteen, 0..2^BITS - 1), packed into
-// 8 * BITS bytes at ``out`` as store_codes16 lays them out (BITS 1, 2 or 4). Element 16q + l
-// is lane l of c[q]. LOW_BITS: codes of more bits, of which only the low BITS are packed (3
-// bits' low plane).
-template <int BITS, bool LOW_BITS = false>
-inline void store_codes64(uint8_t* out, const i16l* c) {
-  if constexpr (BITS == 1) {
-    store_bit64(out, c, 1);
-  } else if constexpr (BITS == 2) {
-    // Byte q of lane l takes element 16q + l at its place in output byte 4q + l / 4 (bit 2 (l % 4));
-    // the four lanes of each 128-bit block then OR into that block's output bytes, one a vector.
-    const u16l shift = (LANES16 & splat16_u(3)) * 2;
-    u16l d;
-    if constexpr (LOW_BITS) {  // each AND folds into an OR (vpternlogd)
-      const u16l keep = splat16_u(3) << shift;
-      d = ((u16l)c[0] << shift & keep) | ((u16l)c[1] << (shift + 8) & keep << 8) |
-          ((u16l)c[2] << (shift + 16) & keep << 16) | ((u16l)c[3] << (shift + 24) & keep << 24);
-    } else {
-      d = ((u16l)c[0] << shift) | ((u16l)c[1] << (shift + 8)) | ((u16l)c[2] << (shift + 16)) |
-          ((u16l)c[3] << (shift + 24));
-    }
-    d |= __builtin_shufflevector(d, d, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
-    d |= __builtin_shufflevector(d, d, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
-    const b64 bytes = (b64)d;  // output byte 4q + k: byte q of block k's dwords
-    const b16 packed = __builtin_shufflevector(bytes, bytes, 0, 16, 32, 48, 1, 17, 33, 49, 2, 18, 34, 50, 3, 19, 35, 51);
-    std::memcpy(out, &packed, 16);
-  } else {  // 4 bits: byte q of lane l takes element 16q + l at its nibble of output byte 8q + l / 2
-    static_assert(BITS == 4);
-    const u16l shift = (LANES16 & splat16_u(1)) * 4;
-    u16l d = ((u16l)c[0] << shift) | ((u16l)c[1] << (shift + 8)) | ((u16l)c[2] << (shift + 16)) |
-             ((u16l)c[3] << (shift + 24));
-    d |= __builtin_shufflevector(d, d, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
-    const b64 bytes = (b64)d;  // output byte 8q + p: byte q of lane 2p
-    const b32 packed = __builtin_shufflevector(bytes, bytes, 0, 8, 16, 24, 32, 40, 48, 56, 1, 9, 17, 25, 33, 41, 49, 57,
-                                               2, 10, 18, 26, 34, 42, 50, 58, 3, 11, 19, 27, 35, 43, 51, 59);
-    std::memcpy(out, &packed, 32);
-  }
+// code_bytes64's bytes in element order
+inline b64 in_element_order(b64 bytes) {
+  return __builtin_shufflevector(bytes, bytes, 0, 1, 2, 3, 16, 17, 18, 19, 32, 33, 34, 35, 48, 49, 50, 51, 4, 5, 6, 7, 20,
+                                 21, 22, 23, 36, 37, 38, 39, 52, 53, 54, 55, 8, 9, 10, 11, 24, 25, 26, 27, 40, 41, 42, 43,
+                                 56, 57, 58, 59, 12, 13, 14, 15, 28, 29, 30, 31, 44, 45, 46, 47, 60, 61, 62, 63);
 }
 
-// The codes of elements j..j+63 of a group (j a multiple of 64) into the group's code bytes.
+// Bit ``bit`` of each of 64 code bytes (element order), as 1-bit codes: one test mask.
+inline void store_bits64(uint8_t* out, b64 ordered, int bit) {
+  const uint64_t mask = _mm512_test_epi8_mask((__m512i)ordered, _mm512_set1_epi8((char)bit));
+  std::memcpy(out, &mask, 8);
+}
+
+// The codes of elements j..j+63 of a group (j a multiple of 64) into the group's code bytes as
+// runtime.format lays them out; codes above ``top`` are taken as ``top`` (0: none are).
 template <int BITS>
-inline void store_group_codes64(uint8_t* codes, int64_t group, int64_t j, const i16l* c) {
+inline void store_group_codes64(uint8_t* codes, int64_t group, int64_t j, const i16l* c, int top) {
+  b64 bytes = code_bytes64(c);
+  if (top) bytes = (b64)_mm512_min_epu8((__m512i)bytes, _mm512_set1_epi8((char)top));
   if constexpr (BITS == 8) {
-    for (int v = 0; v < 4; ++v) {
-      const b16 bytes = __builtin_convertvector(c[v], b16);
-      std::memcpy(codes + j + 16 * v, &bytes, 16);
-    }
-  } else if constexpr (BITS == 3) {  // the low plane: bits 0-1 as 2-bit codes; the high plane: bit 2, a mask
-    store_codes64<2, true>(codes + j / 4, c);
-    store_bit64(codes + group / 4 + j / 8, c, 4);
-  } else {
-    store_codes64<BITS>(codes + j * BITS / 8, c);
+    const b64 ordered = in_element_order(bytes);
+    std::memcpy(codes + j, &ordered, 64);
+  } else if constexpr (BITS == 4) {  // dword 4k + q's two words: bytes 8q + 2k and 8q + 2k + 1
+    const b64 pairs = (b64)_mm512_maddubs_epi16((__m512i)bytes, _mm512_set1_epi16(0x1001));  // low + 16 * high
+    const b32 packed = __builtin_shufflevector(pairs, pairs, 0, 2, 16, 18, 32, 34, 48, 50, 4, 6, 20, 22, 36, 38, 52, 54,
+                                               8, 10, 24, 26, 40, 42, 56, 58, 12, 14, 28, 30, 44, 46, 60, 62);
+    std::memcpy(codes + j / 2, &packed, 32);
+  } else if constexpr (BITS == 1) {
+    store_bits64(codes + j / 8, in_element_order(bytes), 1);
+  } else {  // 2 bits, and 3 bits' low plane: dword 4k + q becomes output byte 4q + k
+    const b64 low = BITS == 3 ? (bytes & 3) : bytes;
+    const __m512i pairs = _mm512_maddubs_epi16((__m512i)low, _mm512_set1_epi16(0x0401));  // c0 + 4 c1, c2 + 4 c3
+    const b64 quads = (b64)_mm512_madd_epi16(pairs, _mm512_set1_epi32(0x00100001));    // their sum + 16 *
+    const b16 packed = __builtin_shufflevector(quads, quads, 0, 16, 32, 48, 4, 20, 36, 52, 8, 24, 40, 56, 12, 28, 44, 60);
+    std::memcpy(codes + j / 4, &packed, 16);
+    if constexpr (BITS == 3) store_bits64(codes + group / 4 + j / 8, in_element_order(bytes), 4);  // the high plane
   }
 }
 #endif  // GACT_SIXTEEN_LANES
@@ -375,14 +371,11 @@ void encode_group(const T* src, uint64_t base, int64_t g, int64_t group, int64_t
       f16l low_b = low16, high_b = high16;
       for (; j < group; j += 32) {
         f16l a, b;
-#if defined(__AVX512BW__)
         if constexpr (std::is_same_v<T, bf16>) {  // 32 values from one load, in an order min and max ignore
           const __m512i raw = _mm512_loadu_si512(src + j), zero = _mm512_setzero_si512();  // (1.13-1.19x)
           a = (f16l)_mm512_unpacklo_epi16(zero, raw);
           b = (f16l)_mm512_unpackhi_epi16(zero, raw);
-        } else
-#endif
-        {
+        } else {
           a = load16(src + j);
           b = load16(src + j + 16);
         }
@@ -503,8 +496,10 @@ void encode_group(const T* src, uint64_t base, int64_t g, int64_t group, int64_t
       const auto scaled = [&](f16l a, f16l u) { return (a * 0.5f - lo_half16) / used_half16 + u; };
       const auto code16 = [&](f16l a, f16l u) {  // code_of, sixteen lanes at a time
         f16l t = scaled(a, u);
-        if constexpr (CAREFUL) t = (f16l)_mm512_max_ps((__m512)t, (__m512)zero16);  // t > 0 ? t : 0, NaN -> 0
-        t = t < ceiling16 ? t : ceiling16;
+        if constexpr (CAREFUL) {  // as code_of; elsewhere 0 <= t < top + 2, clamped at top as bytes
+          t = (f16l)_mm512_max_ps((__m512)t, (__m512)zero16);  // t > 0 ? t : 0, NaN -> 0
+          t = t < ceiling16 ? t : ceiling16;
+        }
         const i16l code = __builtin_convertvector(t, i16l);
         if constexpr (CAREFUL) return special16(a, extreme16) ? splat16_i(L) : code;
         return code;
@@ -514,13 +509,14 @@ void encode_group(const T* src, uint64_t base, int64_t g, int64_t group, int64_t
       // within the group (past 2^33 elements). 1.07-1.19x on quantize with the clamp above.
       const uint64_t pair0 = (base >> 4) * 8;
       const bool one_high_word = ((pair0 + (uint64_t)group / 2) >> 32) == (pair0 >> 32);
-      const u16l high_word = splat16_u(key ^ ((uint32_t)(pair0 >> 32) * M1)), step = splat16_u(16u * GOLDEN);
+      const uint32_t high_word = key ^ ((uint32_t)(pair0 >> 32) * M1);
+      const u16l high_mixed = splat16_u(high_word ^ (high_word >> 16)), step = splat16_u(16u * GOLDEN);
       u16l golden_low = (splat16_u((uint32_t)pair0) + LANES16) * splat16_u(GOLDEN);
       for (int64_t j = 0; j < group; j += 64) {
         u16l first, second;
         if (one_high_word) {  // as pair_hash16(base + j, key) and pair_hash16(base + j + 32, key)
-          first = fmix32(golden_low ^ high_word);
-          second = fmix32((golden_low + step) ^ high_word);
+          first = fmix32_keyed(golden_low, high_mixed);
+          second = fmix32_keyed(golden_low + step, high_mixed);
           golden_low += step + step;
         } else {
           first = pair_hash16(base + j, key);
@@ -539,7 +535,7 @@ void encode_group(const T* src, uint64_t base, int64_t g, int64_t group, int64_t
                            code16(load16(src + j + 16), uniforms16(first, true)),
                            code16(load16(src + j + 32), uniforms16(second, false)),
                            code16(load16(src + j + 48), uniforms16(second, true))};
-        store_group_codes64<BITS>(codes, group, j, c);
+        store_group_codes64<BITS>(codes, group, j, c, CAREFUL ? 0 : top);
       }
     };
     if (careful) encode(std::true_type{});

@@ -1,8 +1,10 @@
 """The CPU codec compiled for older x86 ISAs: still the reference's blob, bit for bit.
 
 Inductor compiles the codec with ``-march=native``, so on an AVX-512 machine the suite
-only exercises its sixteen-lane code. Here g++ builds the same source for x86-64-v3 (AVX2,
-the eight-lane code) and plain x86-64 (no AVX, no F16C: the scalar half-float paths).
+only exercises its sixteen-lane code as this CPU's extensions shape it. Here g++ builds the
+same source for x86-64-v4 (AVX-512 without VBMI's byte permutes or BF16's conversions, where
+the CPU can run it), x86-64-v3 (AVX2, the eight-lane code) and plain x86-64 (no AVX, no
+F16C: the scalar half-float paths).
 """
 
 import ctypes
@@ -41,9 +43,22 @@ def libraries(tmp_path_factory):
     return build
 
 
-@pytest.fixture(params=["x86-64-v3", "x86-64"])
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as info:
+            return next((set(line.split(":", 1)[1].split()) for line in info if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
+AVX512_V4 = {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
+
+
+@pytest.fixture(params=["x86-64-v4", "x86-64-v3", "x86-64"])
 def codec_for(request, libraries, monkeypatch):
     """``cpu_kernels`` with its library compiled for the parametrised -march."""
+    if request.param == "x86-64-v4" and not AVX512_V4 <= _cpu_flags():
+        pytest.skip("this CPU cannot run x86-64-v4 (AVX-512) code")
     monkeypatch.setattr(_compat, "compile_cpp_library", lambda source: ctypes.CDLL(str(libraries(request.param, source))))
     cpu_kernels.library.cache_clear()
     yield cpu_kernels
