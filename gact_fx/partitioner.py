@@ -148,7 +148,7 @@ class GactPartitioner:
         record = GraphRecord.build(
             index=self.graph_index, compiler=self.compiler, config=self.config, baseline=baseline, saved=saved, plan=plan
         )
-        apply_plan(fw, bw, saved, plan)
+        apply_plan(fw, bw, saved, plan, masks_as_bytes=self.compiler == "inductor" and self.config.lowering != "aten")
         if self.config.lowering == "aten":
             from .passes.lower_aten import lower_to_aten  # imports Inductor's prims
 

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 import gact_fx
+import gact_fx.partitioner
+from gact_fx.passes.rewrite import apply_plan
 
 from .helpers import baseline_backend, compiled_grads, model_case, relative_error
 
@@ -56,3 +58,22 @@ def test_2_bits_is_unbiased(name):
     single = sum(relative_error(d, expected) for d in draws) / len(draws)
     mean = relative_error(torch.stack(draws).mean(0), expected)
     assert single / mean >= 2.5, f"single draw {single:.3f}, mean of 16 {mean:.3f}"
+
+
+
+def test_masks_as_bytes_under_inductor_give_the_gradient_of_bool_masks(monkeypatch):
+    # Under Inductor on the CPU, ReLU masks reach the op as bytes and the backward as floats
+    # (passes.rewrite: Inductor's bool stores are slow). The path is lossless: the same
+    # sites draw the same noise, so the gradient is the bool path's, bit for bit.
+    model, inputs = model_case("conv")
+    backend = gact_backend(8, compiler="inductor")
+    (got,), _ = compiled_grads(model, inputs, backend)
+    forward, backward = backend.records[0].code_after
+    assert forward.count("torch.uint8") == 2 and backward.count("gact.unpack_mask") == 2  # both hoisted ReLU masks
+    monkeypatch.setattr(
+        gact_fx.partitioner, "apply_plan", lambda *args, **kwargs: apply_plan(*args, **{**kwargs, "masks_as_bytes": False})
+    )
+    as_bools = gact_backend(8, compiler="inductor")
+    (expected,), _ = compiled_grads(model, inputs, as_bools)
+    assert "gact.unpack_mask" not in as_bools.records[0].code_after[1]
+    assert torch.equal(got, expected)

@@ -27,7 +27,9 @@ class NodeView:
     dtype: str | None
     nbytes: int
     inputs: tuple[str, ...]
-    role: str | None  # gact's meta["gact"]["role"]: quantize, dequantize, replay, blob, hoisted_mask, hoisted_exp, hoisted_derivative
+    # gact's meta["gact"]["role"]: quantize, dequantize, replay, blob, mask_bytes, hoisted_mask,
+    # hoisted_exp, hoisted_derivative
+    role: str | None
 
 
 @dataclass(frozen=True)

@@ -1219,6 +1219,23 @@ extern "C" void gact_unpack_bool(const uint8_t* packed, int64_t numel, uint8_t* 
   for (int64_t k = 0; k < numel % 8; ++k) out[8 * whole + k] = (packed[whole] >> k) & 1;
 }
 
+struct FloatSpreadTable {  // byte b -> eight floats, float k holding bit k of b
+  float floats[256][8];
+  constexpr FloatSpreadTable() : floats() {
+    for (int b = 0; b < 256; ++b)
+      for (int k = 0; k < 8; ++k) floats[b][k] = (float)((b >> k) & 1);
+  }
+};
+constexpr FloatSpreadTable FLOAT_SPREAD{};
+
+// A mask's bits as floats 0 and 1 (for a backward that tests them: see runtime.ops.unpack_mask).
+extern "C" void gact_unpack_mask(const uint8_t* packed, int64_t numel, float* out) {
+  const int64_t whole = numel / 8;
+#pragma omp parallel for schedule(static) if (whole > 262144)
+  for (int64_t i = 0; i < whole; ++i) std::memcpy(out + 8 * i, FLOAT_SPREAD.floats[packed[i]], 8 * sizeof(float));
+  for (int64_t k = 0; k < numel % 8; ++k) out[8 * whole + k] = (float)((packed[whole] >> k) & 1);
+}
+
 // dtype as for gact_encode; 3 when this machine cannot write float16 (no F16C): decode to float32.
 extern "C" int gact_decode(const uint8_t* blob, int64_t numel, int64_t group, void* out, int bits, float dmax,
                            int dtype) {
@@ -1273,6 +1290,8 @@ def library(dtype: torch.dtype = torch.float32):
     lib.gact_decode_transposed.argtypes = [pointer, size, size, size, pointer, flag, ctypes.c_float, flag]
     lib.gact_pack_bool.argtypes = lib.gact_unpack_bool.argtypes = [pointer, size, pointer]
     lib.gact_pack_bool.restype = lib.gact_unpack_bool.restype = None
+    lib.gact_unpack_mask.argtypes = [pointer, size, pointer]
+    lib.gact_unpack_mask.restype = None
     lib.gact_encode.restype = lib.gact_decode.restype = flag
     lib.gact_encode_transposed.restype = lib.gact_decode_transposed.restype = flag
     lib.gact_noise.restype = None
@@ -1318,6 +1337,14 @@ def unpack_bool(blob: torch.Tensor, numel: int) -> torch.Tensor:
     blob = blob.contiguous()
     out = torch.empty(numel, dtype=torch.bool)
     library().gact_unpack_bool(blob.data_ptr(), numel, out.data_ptr())
+    return out
+
+
+def unpack_mask(blob: torch.Tensor, numel: int) -> torch.Tensor:
+    """The ``numel`` bits of a ``pack_bool`` blob as float32 0 and 1."""
+    blob = blob.contiguous()
+    out = torch.empty(numel, dtype=torch.float32)
+    library().gact_unpack_mask(blob.data_ptr(), numel, out.data_ptr())
     return out
 
 

@@ -123,6 +123,15 @@ def decode(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int) 
     return dequantize_reference(blob, numel, dtype, group_size)
 
 
+def decode_mask(blob: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """The ``numel`` values 0 and 1 of ``dtype`` that a bool blob holds."""
+    if dtype == torch.float32 and implementation(blob, 1, dtype=torch.bool) == "cpu":
+        from . import cpu_kernels
+
+        return cpu_kernels.unpack_mask(blob, numel)
+    return decode(blob, numel, torch.bool, 8).to(dtype)  # (a mask's blob has no groups)
+
+
 def _transposable(tensor: torch.Tensor, bits: int, tokens: int, features: int, group_size: int,
                   dtype: torch.dtype) -> bool:
     if implementation(tensor, bits) != "cpu":

@@ -9,10 +9,17 @@
     ``slot`` names the saved-tensor site (``runtime.registry``): its rounding noise is
     keyed by a counter that lives on the device and advances there, so CUDA graph
     replays draw fresh noise. bool tensors are packed losslessly at 1 bit
-    whatever ``bits``. ``bits == RUNTIME_BITS`` reads the site's width at run time; the
+    whatever ``bits``, and so are uint8 tensors, which hold a mask as bytes 0 and 1 (the
+    rewrite hands CPU masks so under Inductor, whose CPU kernels store bools slowly; see
+    ``passes.rewrite``). ``bits == RUNTIME_BITS`` reads the site's width at run time; the
     blob's length is then a data-dependent (unbacked) size. On a probe's forward call
     (``registry.STASHING``) the op also keeps an exact copy and marks the blob with a
     token.
+
+``gact::unpack_mask(Tensor blob, SymInt[] shape, ScalarType dtype, int[] perm, int[]? layout=None) -> Tensor``
+    Decodes a mask's blob to 0 and 1 of ``dtype``, arranged as ``dequantize`` arranges.
+    The rewrite's CPU mask path tests the result (``!= 0``) where the backward used the
+    bool mask: Inductor's CPU kernels load float32 about 10x faster than bools.
 
 ``gact::keys(int[] slots, Device device) -> Tensor``
     The next rounding key ``[k0, k1]`` of each site (int64, ``len(slots) x 2``), for the
@@ -43,7 +50,7 @@ from collections.abc import Sequence
 import torch
 
 from . import format as fmt
-from .kernels import decode, decode_permuted, encode, encode_permuted
+from .kernels import decode, decode_mask, decode_permuted, encode, encode_permuted
 from .layout import arrange, inverse_permutation
 from .registry import DIRECTORY, EXACT, STASHING, Stash, attach_token, token_of
 from .noise import key_of
@@ -51,9 +58,12 @@ from .noise import key_of
 RUNTIME_BITS = fmt.RUNTIME_BITS
 
 
+MASK_DTYPES = (torch.bool, torch.uint8)  # packed at 1 bit, losslessly (uint8: a mask as bytes 0 and 1)
+
+
 def blob_nbytes(numel, dtype: torch.dtype, bits: int, group_size: int):
     """Blob length for a tensor of ``numel`` elements (int or SymInt)."""
-    if dtype == torch.bool:
+    if dtype in MASK_DTYPES:
         return fmt.bool_blob_nbytes(numel)
     itemsize = torch.empty((), dtype=dtype).element_size()
     return fmt.float_blob_nbytes(numel, bits, group_size, itemsize)
@@ -66,6 +76,8 @@ def blob_nbytes(numel, dtype: torch.dtype, bits: int, group_size: int):
     tags=(torch.Tag.needs_exact_strides, torch.Tag.nondeterministic_seeded),
 )
 def quantize(x: torch.Tensor, bits: int, group_size: int, perm: Sequence[int], slot: int) -> torch.Tensor:
+    if x.dtype == torch.uint8:
+        x = x.view(torch.bool)  # the mask it holds (bytes 0 and 1)
     site = DIRECTORY.site(slot)
     if bits == RUNTIME_BITS:
         bits = site.runtime_bits()
@@ -126,11 +138,32 @@ def dequantize(
     return arrange(flat, shape, perm, layout)
 
 
-@dequantize.register_fake
-def _dequantize_fake(blob, shape, dtype, group_size, perm, slot, layout=None):
+def _arranged_fake(blob, shape, dtype, perm, layout) -> torch.Tensor:
+    """A decoded tensor's fake: compact in the order ``layout`` (or ``perm``), as ``arrange`` leaves it."""
     order = list(perm if layout is None else layout)
     compact = blob.new_empty([shape[dim] for dim in order], dtype=dtype)
     return compact.permute(inverse_permutation(order))
+
+
+@dequantize.register_fake
+def _dequantize_fake(blob, shape, dtype, group_size, perm, slot, layout=None):
+    return _arranged_fake(blob, shape, dtype, perm, layout)
+
+
+@torch.library.custom_op(
+    "gact::unpack_mask",
+    mutates_args=(),
+    schema="(Tensor blob, SymInt[] shape, ScalarType dtype, int[] perm, int[]? layout=None) -> Tensor",
+)
+def unpack_mask(
+    blob: torch.Tensor, shape: Sequence[int], dtype: torch.dtype, perm: Sequence[int], layout: Sequence[int] | None = None
+) -> torch.Tensor:
+    return arrange(decode_mask(blob, math.prod(shape), dtype), shape, perm, layout)
+
+
+@unpack_mask.register_fake
+def _unpack_mask_fake(blob, shape, dtype, perm, layout=None):
+    return _arranged_fake(blob, shape, dtype, perm, layout)
 
 
 @torch.library.custom_op(

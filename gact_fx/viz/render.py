@@ -62,7 +62,7 @@ def _dot_id(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-_ROLE_COLOURS = {"quantize": "#ffe2c2", "dequantize": "#d8f3dc", "blob": "#eadcfb", "hoisted_mask": "#fff4b8", "hoisted_exp": "#fff4b8", "hoisted_derivative": "#fff4b8", "replay": "#e2f0ff"}
+_ROLE_COLOURS = {"quantize": "#ffe2c2", "mask_bytes": "#ffe2c2", "dequantize": "#d8f3dc", "blob": "#eadcfb", "hoisted_mask": "#fff4b8", "hoisted_exp": "#fff4b8", "hoisted_derivative": "#fff4b8", "replay": "#e2f0ff"}
 
 
 def render_dot(report: Report) -> str:

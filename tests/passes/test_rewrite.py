@@ -5,21 +5,21 @@ import torch
 
 from gact_fx.passes.hoist import hoist_comparisons
 from gact_fx.passes.plan import PlanOptions, plan_compression
-from gact_fx.passes.rewrite import DEQUANTIZE, QUANTIZE, apply_plan
+from gact_fx.passes.rewrite import DEQUANTIZE, QUANTIZE, UNPACK_MASK, apply_plan
 from gact_fx.passes.saved import find_saved, output_node
 
 from ..runtime.sites import new_slot
 from .graphs import aliases_pair, linear_relu_pair, run_pair
 
 
-def rewritten(pair, bits, hoist=False):
+def rewritten(pair, bits, hoist=False, masks_as_bytes=False):
     fw, bw, num_out, static, inputs = pair
     saved = find_saved(fw, bw, num_out, static)
     if hoist and hoist_comparisons(fw, bw, saved):
         saved = find_saved(fw, bw, num_out, static)
     options = PlanOptions(bits=bits, group_size=64, min_numel=0, compress_inputs=True)
     plan = plan_compression(saved, options, allocate_slot=new_slot)
-    apply_plan(fw, bw, saved, plan)
+    apply_plan(fw, bw, saved, plan, masks_as_bytes=masks_as_bytes)
     return fw, bw, plan
 
 
@@ -79,3 +79,24 @@ def test_aliases_become_one_blob_and_views_are_replayed():
     replays = [n for n in bw.graph.nodes if n.meta.get("gact", {}).get("role") == "replay"]
     assert sorted(n.target.__name__ for n in replays) == ["getitem", "split.Tensor", "t.default", "t.default"]
     assert all("val" in n.meta for n in bw.graph.nodes if n.op != "output")
+
+
+def test_cpu_masks_reach_the_op_as_bytes_and_the_backward_as_floats():
+    # Inductor's CPU kernels store and load bools ten times slower than bytes and floats
+    # (see passes.rewrite): the mask is converted on its way in and tested on its way out.
+    fw, bw, num_out, _, inputs = linear_relu_pair()
+    tangent = torch.randn(32, 64, generator=torch.Generator().manual_seed(2))
+    expected = run_pair(fw, bw, num_out, inputs, [tangent])
+    fw, bw, plan = rewritten(linear_relu_pair(), 32, hoist=True, masks_as_bytes=True)
+    read = [n.args[0] for n in fw.graph.find_nodes(op="call_function", target=QUANTIZE)]
+    assert [n.meta["val"].dtype for n in read] == [torch.float32, torch.uint8]  # x, and the hoisted mask
+    as_bytes = read[1]
+    words = as_bytes.args[0]
+    assert words.meta["val"].dtype == torch.int32 and words.args[0].meta["val"].dtype == torch.bool
+    (unpacked,) = bw.graph.find_nodes(op="call_function", target=UNPACK_MASK)
+    assert unpacked.meta["val"].dtype == torch.float32 and count(bw, DEQUANTIZE) == 1
+    (test,) = unpacked.users
+    assert test.target is torch.ops.aten.ne.Scalar and test.meta["val"].dtype == torch.bool
+    outputs, grads = run_pair(fw, bw, num_out, inputs, [tangent])
+    assert all(torch.equal(a, b) for a, b in zip(outputs, expected[0]))
+    assert all(torch.equal(a, b) for a, b in zip(grads, expected[1]))

@@ -120,6 +120,8 @@ def test_bool_masks_pack_and_unpack_as_the_reference(numel):
     assert torch.equal(blob, quantize_reference(mask, 1, 256, None))
     assert torch.equal(cpu_kernels.unpack_bool(blob, numel), mask)
     assert torch.equal(kernels.decode(kernels.encode(mask, 2, 256), numel, torch.bool, 256), mask)  # the ops' path
+    floats = cpu_kernels.unpack_mask(blob, numel)  # the mask as float32 0 and 1 (the rewrite's CPU mask path)
+    assert floats.dtype == torch.float32 and torch.equal(floats, mask.float())
 
 
 @pytest.mark.parametrize("first", [0, 2**32 - 16, 2**33 - 16, 2**33, 3 * 2**33 + 48])

@@ -14,6 +14,7 @@ from .sites import SLOT, new_slot
 
 quantize = torch.ops.gact.quantize.default
 dequantize = torch.ops.gact.dequantize.default
+unpack_mask = torch.ops.gact.unpack_mask.default
 FLOATS = [torch.float32, torch.float16, torch.bfloat16]
 
 
@@ -39,6 +40,29 @@ def test_opcheck_bool(pinned_slot):
     blob = quantize(mask, 2, 64, [0, 1], pinned_slot)
     torch.library.opcheck(dequantize, (blob, [3, 70], torch.bool, 64, [0, 1], pinned_slot))
     assert torch.equal(dequantize(blob, [3, 70], torch.bool, 64, [0, 1], pinned_slot), mask)
+
+
+@pytest.mark.compat
+def test_a_mask_as_bytes_packs_as_the_bool_and_unpacks_to_floats(pinned_slot):
+    mask = torch.rand(5, 70, generator=torch.Generator().manual_seed(1)) > 0.3
+    as_bytes = mask.to(torch.int32).to(torch.uint8)
+    torch.library.opcheck(quantize, (as_bytes, 1, 64, [0, 1], pinned_slot))
+    blob = quantize(as_bytes, 1, 64, [0, 1], pinned_slot)
+    assert torch.equal(blob, quantize(mask, 1, 64, [0, 1], pinned_slot))
+    assert blob.numel() == fmt.bool_blob_nbytes(mask.numel())
+    torch.library.opcheck(unpack_mask, (blob, [5, 70], torch.float32, [0, 1]))
+    floats = unpack_mask(blob, [5, 70], torch.float32, [0, 1])
+    assert floats.dtype == torch.float32 and torch.equal(floats, mask.float())
+    assert torch.equal(unpack_mask(blob, [5, 70], torch.bfloat16, [0, 1]), mask.to(torch.bfloat16))
+
+
+def test_an_unpacked_mask_is_arranged_as_dequantize_arranges():
+    mask = torch.rand(4, 6, 8) > 0.5
+    perm, layout = [0, 2, 1], [0, 2, 1]
+    blob = quantize(mask.permute(perm).contiguous().permute([0, 2, 1]), 1, 64, perm, SLOT)
+    floats = unpack_mask(blob, [4, 6, 8], torch.float32, perm, layout)
+    expected = dequantize(blob, [4, 6, 8], torch.bool, 64, perm, SLOT, layout)
+    assert torch.equal(floats, expected.float()) and floats.stride() == expected.stride()
 
 
 @pytest.mark.parametrize("bits", fmt.SUPPORTED_BITS)
