@@ -74,12 +74,18 @@ def implementation(tensor: torch.Tensor, bits: int, dtype: torch.dtype | None = 
     return "reference"
 
 
+@functools.cache
+def _cpu_codec():
+    """``runtime.cpu_kernels``, imported on first use (an import in each call cost a microsecond)."""
+    from . import cpu_kernels
+
+    return cpu_kernels
+
+
 def _codec_available(dtype: torch.dtype = torch.float32) -> bool:
     """Whether the C++ CPU codec for ``dtype`` compiled here (imported on first use, never at import
     time; the bool kernels come with float32's)."""
-    from . import cpu_kernels
-
-    return cpu_kernels.available(dtype)
+    return _cpu_codec().available(dtype)
 
 
 def uses_triton(tensor: torch.Tensor, bits: int) -> bool:
@@ -94,8 +100,7 @@ def encode(flat: torch.Tensor, bits: int, group_size: int, *, state=None, key=No
 
         return triton_kernels.quantize(flat.contiguous(), bits, group_size, state=state, key=key)
     if chosen == "cpu":
-        from . import cpu_kernels
-
+        cpu_kernels = _cpu_codec()
         if flat.dtype == torch.bool:
             return cpu_kernels.pack_bool(flat)
         if group_size <= cpu_kernels.MAX_GROUP and flat.dtype in cpu_kernels.DTYPE_CODES:
@@ -115,8 +120,7 @@ def decode(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int) 
 
         return triton_kernels.dequantize(blob, numel, dtype, group_size)
     if chosen == "cpu":
-        from . import cpu_kernels
-
+        cpu_kernels = _cpu_codec()
         if dtype == torch.bool:
             return cpu_kernels.unpack_bool(blob, numel)
         return cpu_kernels.dequantize(blob, numel, dtype, group_size)
@@ -126,8 +130,7 @@ def decode(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int) 
 def decode_mask(blob: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
     """The ``numel`` values 0 and 1 of ``dtype`` that a bool blob holds."""
     if dtype == torch.float32 and implementation(blob, 1, dtype=torch.bool) == "cpu":
-        from . import cpu_kernels
-
+        cpu_kernels = _cpu_codec()
         return cpu_kernels.unpack_mask(blob, numel)
     return decode(blob, numel, torch.bool, 8).to(dtype)  # (a mask's blob has no groups)
 
@@ -136,9 +139,7 @@ def _transposable(tensor: torch.Tensor, bits: int, tokens: int, features: int, g
                   dtype: torch.dtype) -> bool:
     if implementation(tensor, bits) != "cpu":
         return False
-    from . import cpu_kernels
-
-    return cpu_kernels.transposable(tokens, features, group_size, dtype)
+    return _cpu_codec().transposable(tokens, features, group_size, dtype)
 
 
 def encode_permuted(x: torch.Tensor, perm, bits: int, group_size: int, *, state=None, key=None) -> torch.Tensor:
@@ -149,8 +150,7 @@ def encode_permuted(x: torch.Tensor, perm, bits: int, group_size: int, *, state=
         features = x.shape[perm[0]]
         tokens = x.numel() // max(features, 1)
         if x.permute(layout).is_contiguous() and _transposable(x, bits, tokens, features, group_size, x.dtype):
-            from . import cpu_kernels
-
+            cpu_kernels = _cpu_codec()
             matrix = x.permute(layout).reshape(tokens, features)  # a view
             return cpu_kernels.quantize_transposed(matrix, bits, group_size, state=state, key=key)
     return encode(x.permute(perm).reshape(-1), bits, group_size, state=state, key=key)
@@ -164,8 +164,7 @@ def decode_permuted(blob: torch.Tensor, shape, dtype: torch.dtype, group_size: i
         features = shape[layout[-1]]
         tokens = numel // max(features, 1)
         if _transposable(blob, fmt.bits_from_blob_nbytes(blob.numel()), tokens, features, group_size, dtype):
-            from . import cpu_kernels
-
+            cpu_kernels = _cpu_codec()
             matrix = cpu_kernels.dequantize_transposed(blob, tokens, features, dtype, group_size)
             return matrix.view([shape[dim] for dim in layout]).permute(inverse_permutation(layout))
     return arrange(decode(blob, numel, dtype, group_size), shape, perm, layout)
