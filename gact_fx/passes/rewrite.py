@@ -13,9 +13,9 @@ kernels store a bool tensor at about 7 ns an element and load one at 2.5 ns, whe
 and floats take a tenth of that (torch 2.13, measured on this project's machine: a
 ReLU's mask of 82k elements, 630 us against 18 us). So the forward hands the op the mask
 as bytes 0 and 1 (converted to int32, then uint8, which Inductor fuses into the
-producer, never storing the bool), and the backward decodes it to float32 with
-``gact::unpack_mask`` and tests it (``!= 0``) where the bool was used, a test Inductor
-fuses into the consumer. The blob is the same 1-bit blob, and the gradient the bool path's,
+producer, never storing the bool; a mask that is a graph input goes to the op as it is),
+and the backward decodes it to float32 with ``gact::unpack_mask`` and tests it (``!= 0``)
+where the bool was used, a test Inductor fuses into the consumer. The blob is the same 1-bit blob, and the gradient the bool path's,
 bit for bit. (bfloat16 would halve the decoded bytes and loads as fast, but a bfloat16 input
 changed how Inductor tiled the consuming kernels' reductions: gradients moved by a few ulps.)
 """
@@ -92,11 +92,11 @@ def _first_user(bw: fx.GraphModule, placeholders: list[fx.Node]) -> fx.Node:
     return min(users, key=order.__getitem__) if users else output_node(bw)
 
 
-def _decode(bw: fx.GraphModule, compression: Compression, args: tuple, blob_val, as_bytes: bool, fake_mode) -> fx.Node:
+def _decode(bw: fx.GraphModule, compression: Compression, args: tuple, blob_val, as_floats: bool, fake_mode) -> fx.Node:
     """The backward's nodes that rebuild the source from its blob (``args`` as for ``gact::dequantize``)."""
     source = compression.source
     symbolic = [s if isinstance(s, int) else s.meta["val"] for s in args[1]]
-    if not as_bytes:
+    if not as_floats:
         decoded = bw.graph.call_function(DEQUANTIZE, args, name=f"gact_decoded_{source.name}")
         with fake_mode:
             set_val(decoded, DEQUANTIZE(blob_val, symbolic, *args[2:]))
@@ -117,7 +117,9 @@ def _decode(bw: fx.GraphModule, compression: Compression, args: tuple, blob_val,
 def _compress(section: SavedSection, compression: Compression, fake_mode, masks_as_bytes: bool) -> None:
     fw, bw = section.fw, section.bw
     val = compression.source.meta["val"]
-    as_bytes = masks_as_bytes and val.dtype == torch.bool and val.device.type == "cpu"
+    as_floats = masks_as_bytes and val.dtype == torch.bool and val.device.type == "cpu"
+    # A mask that is a graph input is no kernel's output: converting it would add a kernel that loads bools.
+    as_bytes = as_floats and compression.source.op != "placeholder"
     blob = _insert_quantize(fw, compression, fake_mode, as_bytes)
     first, *others = compression.members
     old = [section.entry(m.position).bw_placeholder for m in compression.members]
@@ -132,7 +134,7 @@ def _compress(section: SavedSection, compression: Compression, fake_mode, masks_
     if compression.dense_perm is not None:  # decoded in the source's own layout, which the backward was traced with
         args = (*args, list(compression.dense_perm))
     with bw.graph.inserting_before(_first_user(bw, old)):
-        decoded = _decode(bw, compression, args, blob.meta["val"], as_bytes, fake_mode)
+        decoded = _decode(bw, compression, args, blob.meta["val"], as_floats, fake_mode)
         env = {source: decoded}
         for member, placeholder in zip(compression.members, old):
             for view in member.chain:

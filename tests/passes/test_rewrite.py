@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from gact_fx.passes.hoist import hoist_comparisons
 from gact_fx.passes.plan import PlanOptions, plan_compression
@@ -9,7 +10,9 @@ from gact_fx.passes.rewrite import DEQUANTIZE, QUANTIZE, UNPACK_MASK, apply_plan
 from gact_fx.passes.saved import find_saved, output_node
 
 from ..runtime.sites import new_slot
-from .graphs import aliases_pair, linear_relu_pair, run_pair
+
+aten = torch.ops.aten
+from .graphs import Builder, aliases_pair, linear_relu_pair, run_pair
 
 
 def rewritten(pair, bits, hoist=False, masks_as_bytes=False):
@@ -100,3 +103,29 @@ def test_cpu_masks_reach_the_op_as_bytes_and_the_backward_as_floats():
     outputs, grads = run_pair(fw, bw, num_out, inputs, [tangent])
     assert all(torch.equal(a, b) for a, b in zip(outputs, expected[0]))
     assert all(torch.equal(a, b) for a, b in zip(grads, expected[1]))
+
+
+def masked_input_pair():
+    """``out = where(mask, x, 0) * 3`` with a bool ``mask`` input, saved for the backward."""
+    mode = FakeTensorMode()
+    x, mask = torch.randn(16, 300), torch.rand(16, 300) > 0.4
+    f = Builder(mode)
+    fx_, fmask = f.input("x", x), f.input("mask", mask)
+    out = f(aten.mul.Tensor, f(aten.where.ScalarOther, fmask, fx_, 0.0), 3.0)
+    fw = f.output(out, fmask)
+    b = Builder(mode)
+    bmask, tangent = b.input("mask", mask), b.input("tangents_1", torch.randn(16, 300))
+    bw = b.output(b(aten.where.ScalarOther, bmask, b(aten.mul.Tensor, tangent, 3.0), 0.0), None)
+    return fw, bw, 1, [], (x, mask)
+
+
+def test_a_mask_input_reaches_the_op_as_it_is_and_the_backward_as_floats():
+    fw, bw, num_out, _, inputs = masked_input_pair()
+    tangent = torch.randn(16, 300, generator=torch.Generator().manual_seed(3))
+    expected = run_pair(fw, bw, num_out, inputs, [tangent])
+    fw, bw, _ = rewritten(masked_input_pair(), 8, masks_as_bytes=True)
+    (read,) = [n.args[0] for n in fw.graph.find_nodes(op="call_function", target=QUANTIZE)]
+    assert read.op == "placeholder" and read.meta["val"].dtype == torch.bool  # no kernel added to load bools
+    assert count(bw, UNPACK_MASK) == 1
+    outputs, grads = run_pair(fw, bw, num_out, inputs, [tangent])
+    assert torch.equal(outputs[0], expected[0][0]) and torch.equal(grads[0], expected[1][0])
