@@ -130,8 +130,7 @@ def decode(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int) 
 def decode_mask(blob: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
     """The ``numel`` values 0 and 1 of ``dtype`` that a bool blob holds."""
     if dtype == torch.float32 and implementation(blob, 1, dtype=torch.bool) == "cpu":
-        cpu_kernels = _cpu_codec()
-        return cpu_kernels.unpack_mask(blob, numel)
+        return _cpu_codec().unpack_mask(blob, numel)
     return decode(blob, numel, torch.bool, 8).to(dtype)  # (a mask's blob has no groups)
 
 

@@ -34,7 +34,7 @@
     While a probe measures, the probed call's blob (and only it: its token says so) is
     replaced by the exact copy or a re-quantization of it.
 
-Both ops are functional as far as the graph can see (outputs never alias inputs; the
+All four ops are functional as far as the graph can see (outputs never alias inputs; the
 noise counter is state of the site, like a generator's) and have fake implementations,
 so they trace under FakeTensor and dynamic shapes and pass ``torch.library.opcheck``
 (with the site pinned). ``quantize`` carries ``needs_exact_strides`` so Inductor hands
