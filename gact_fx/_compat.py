@@ -216,6 +216,17 @@ def inductor_config():
     return config
 
 
+def inductor_lays_out_channels_last(gm) -> bool:
+    """Whether Inductor's layout optimisation will lay ``gm``'s convolutions out channels-last
+    (its own heuristic: on the CPU with mkldnn, any graph with a convolution)."""
+    try:
+        from torch._inductor.graph import GraphLowering
+
+        return bool(GraphLowering.decide_layout_opt(gm, is_inference=False))
+    except Exception:  # a torch without the heuristic, or a graph it cannot read: assume not
+        return False
+
+
 def functorch_config():
     import torch._functorch.config as config
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 import torch.fx as fx
 
-from ._compat import partitioners
+from ._compat import inductor_lays_out_channels_last, partitioners
 from .config import GactConfig
 from .passes.affine import recompute_affine
 from .passes.attention import recompute_attention_outputs
@@ -130,6 +130,8 @@ class GactPartitioner:
             label_prefix=f"g{self.graph_index}/" if self.graph_index else "",
             nonlinear_bits=self.config.nonlinear_bits,
             feature_groups=self.config.feature_groups,
+            channels_last=self.compiler == "inductor" and self.config.lowering != "aten"
+            and inductor_lays_out_channels_last(fw),
         )
         rewrites = (hoist_exponentials, hoist_comparisons)
         rewrites += (hoist_derivatives,) if self.config.save_derivatives else ()

@@ -77,3 +77,16 @@ def test_masks_as_bytes_under_inductor_give_the_gradient_of_bool_masks(monkeypat
     (expected,), _ = compiled_grads(model, inputs, as_bools)
     assert "gact.unpack_mask" not in as_bools.records[0].code_after[1]
     assert torch.equal(got, expected)
+
+
+def test_convolutional_intermediates_go_channels_last_under_inductor_and_stay_exact():
+    # On the CPU Inductor lays a convolutional graph out channels-last; the plan encodes its
+    # 4-D intermediates in that order and decodes them into it (graph inputs keep theirs).
+    model, inputs = model_case("conv")
+    (expected,), _ = compiled_grads(model, inputs, baseline_backend("inductor"))
+    backend = gact_backend(32, compiler="inductor")
+    (got,), _ = compiled_grads(model, inputs, backend)
+    forward = backend.records[0].code_after[0]
+    assert "quantize.default(primals_3, 32, 256, [0, 1, 2, 3]" in forward  # the image: a graph input
+    assert forward.count("[0, 2, 3, 1]") >= 2  # the convolutions' outputs
+    assert torch.equal(got, expected)

@@ -71,11 +71,15 @@ def _insert_quantize(fw: fx.GraphModule, compression: Compression, fake_mode, as
     with fw.graph.inserting_after(anchor):
         node = fw.graph.call_function(QUANTIZE, args, name=f"gact_blob_{source.name}")
     with fake_mode:
-        set_val(node, QUANTIZE(encoded.meta["val"], *args[1:]))
+        given = encoded.meta["val"]
+        if compression.channels_last:  # as Inductor's layout optimisation will lay it out
+            given = given.contiguous(memory_format=torch.channels_last)
+        set_val(node, QUANTIZE(given, *args[1:]))
     if compression.bits == RUNTIME_BITS:  # the blob's length is data-dependent: say where it is bound
         set_unbacked_bindings(node, unbacked_bindings(fake_mode, node.meta["val"]))
-    # Inductor must hand the op its input in the compile-time layout (see the op's tags).
-    set_eager_input_vals(node, (encoded.meta["val"], *args[1:]))
+    # Inductor must hand the op its input in the compile-time layout (see the op's tags),
+    # channels-last where the plan says Inductor lays it out so.
+    set_eager_input_vals(node, (given, *args[1:]))
     # ``nbytes``: the blob's size, which with run-time bits its shape cannot give (unbacked).
     node.meta["gact"] = {
         "role": "quantize", "source": source.name, "bits": compression.bits, "slot": compression.slot,
