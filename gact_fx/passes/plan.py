@@ -130,7 +130,7 @@ class Compression:
     use: UseClass = UseClass(Use.LINEAR, "")  # how the backward consumes it (the worst of its members)
     floor: int = 1  # the fewest bits its use allows (``PlanOptions.nonlinear_bits`` for exponential uses)
     bits_reason: str = ""  # why it has its bits (``assign_bits``)
-    dense_perm: tuple[int, ...] | None = None  # the source's own dense order, where ``perm`` differs from it
+    dense_perm: tuple[int, ...] | None = None  # the source's dense order (decoded into), where ``perm`` differs from it
     channels_last: bool = False  # the source is laid out channels-last at run time (``PlanOptions.channels_last``)
     carried_numel: int = 0  # elements of saved tensors the backward rebuilds from it (``passes.affine``)
 
