@@ -86,6 +86,12 @@ class GactPartitioner:
         self.on_record = on_record
         self.allocate_slot = allocate_slot
 
+    @property
+    def _inductor_runs_the_ops(self) -> bool:
+        """Whether Inductor compiles graphs holding the opaque ``gact::`` ops (its CPU layout
+        and bool-store behaviour then shape how the plan lays tensors out)."""
+        return self.compiler == "inductor" and self.config.lowering != "aten"
+
     def _lossy_positions(self, bw: fx.GraphModule, saved: SavedGraph, options: PlanOptions,
                          overridden: bool = True) -> set[int]:
         """Positions of the saved values the plan would store below full precision
@@ -130,8 +136,7 @@ class GactPartitioner:
             label_prefix=f"g{self.graph_index}/" if self.graph_index else "",
             nonlinear_bits=self.config.nonlinear_bits,
             feature_groups=self.config.feature_groups,
-            channels_last=self.compiler == "inductor" and self.config.lowering != "aten"
-            and inductor_lays_out_channels_last(fw),
+            channels_last=self._inductor_runs_the_ops and inductor_lays_out_channels_last(fw),
         )
         rewrites = (hoist_exponentials, hoist_comparisons)
         rewrites += (hoist_derivatives,) if self.config.save_derivatives else ()
@@ -150,7 +155,7 @@ class GactPartitioner:
         record = GraphRecord.build(
             index=self.graph_index, compiler=self.compiler, config=self.config, baseline=baseline, saved=saved, plan=plan
         )
-        apply_plan(fw, bw, saved, plan, masks_as_bytes=self.compiler == "inductor" and self.config.lowering != "aten")
+        apply_plan(fw, bw, saved, plan, masks_as_bytes=self._inductor_runs_the_ops)
         if self.config.lowering == "aten":
             from .passes.lower_aten import lower_to_aten  # imports Inductor's prims
 

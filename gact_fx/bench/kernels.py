@@ -65,7 +65,8 @@ def kernel_table(device: str, numel: int, repeats: int, *, dtypes=DTYPES, widths
         # bandwidth). The ceiling is the faster of the two.
         target = torch.empty_like(x)
         copies = {"copy, new tensor": lambda: x.clone(), "copy, into a buffer": lambda: target.copy_(x)}
-        speeds = {name: 2 * raw / median_seconds(fn, device, repeats) / 1e9 for name, fn in copies.items()}
+        copy_speed = lambda fn: 2 * raw / median_seconds(fn, device, repeats) / 1e9  # noqa: E731  (GB/s)
+        speeds = {name: copy_speed(fn) for name, fn in copies.items()}
         copy_gbps = max(speeds.values())
         first_row = len(rows)
         for name, gbps in speeds.items():
@@ -99,7 +100,7 @@ def kernel_table(device: str, numel: int, repeats: int, *, dtypes=DTYPES, widths
                 rows.append(dict(dtype=str(dtype)[6:], bits=bits, lowering=lowering, op=op, gbps=gbps, of_copy=gbps / copy_gbps))
                 progress(rows[-1])
         for name, fn in copies.items():  # the copies again: the faster time of each counts
-            speeds[name] = max(speeds[name], 2 * raw / median_seconds(fn, device, repeats) / 1e9)
+            speeds[name] = max(speeds[name], copy_speed(fn))
         del target
         copy_gbps = max(speeds.values())
         for row in rows[first_row:]:

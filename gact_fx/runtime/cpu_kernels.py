@@ -259,11 +259,6 @@ inline f16l load16(const f16* p) {
 
 inline i16l special16(f16l a, f16l extreme) { return (f16l)((i16l)a & splat16_i(0x7FFFFFFF)) >= extreme; }
 
-inline u16l fmix32(u16l h) {
-  h ^= h >> 16; h *= splat16_u(M1); h ^= h >> 13; h *= splat16_u(M2); h ^= h >> 16;
-  return h;
-}
-
 // fmix32(g ^ k), given k_mixed = k ^ (k >> 16): the first step's shift distributes over the
 // XOR, so the key costs nothing (one ternary logic op takes all three; 1.01-1.04x).
 inline u16l fmix32_keyed(u16l g, u16l k_mixed) {
@@ -271,6 +266,7 @@ inline u16l fmix32_keyed(u16l g, u16l k_mixed) {
   h *= splat16_u(M1); h ^= h >> 13; h *= splat16_u(M2); h ^= h >> 16;
   return h;
 }
+inline u16l fmix32(u16l h) { return fmix32_keyed(h, splat16_u(0)); }
 
 // The pair hashes of the 32 elements first..first+31 (first a multiple of 32): lanes 0-7 are
 // pair_hash8(first), lanes 8-15 pair_hash8(first + 16) (sixteen consecutive pairs share a high word).
