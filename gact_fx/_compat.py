@@ -309,6 +309,11 @@ def version_counter(tensor: torch.Tensor) -> int:
     return tensor._version
 
 
+def dispatch_mode_active() -> bool:
+    """Whether a TorchDispatchMode (make_fx's tracer, a FLOP counter) sees the ops called now."""
+    return torch._C._len_torch_dispatch_stack() > 0
+
+
 COMPILED_NODE_NAME = "CompiledFunction"  # AOTAutograd's autograd.Function (its node: CompiledFunctionBackward)
 
 
@@ -472,6 +477,7 @@ CONTRACTS: tuple[Contract, ...] = (
     Contract("nn.Module._compiled_call_impl",
              lambda: "_compiled_call_impl" in inspect.getsource(torch.nn.Module._wrapped_call_impl) or None),
     Contract("Tensor._version", lambda: version_counter(torch.zeros(1)) is not None or None),
+    Contract("_C._len_torch_dispatch_stack", lambda: dispatch_mode_active() is False or None),
     Contract("_dynamo.utils.counters", _attribute("torch._dynamo.utils", "counters")),
     Contract("DistributedDataParallel._get_active_ddp_module",
              _attribute("torch.nn.parallel", "DistributedDataParallel._get_active_ddp_module")),

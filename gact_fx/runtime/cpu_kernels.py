@@ -1169,15 +1169,25 @@ inline uint32_t key_word(const int64_t* key, int from_state) {
   return call_word(k0, k1);
 }
 
+// Zeroes what follows the groups of a blob of ``nbytes``: its padding and tag (runtime.format).
+// Here rather than in Python, where slicing and zeroing the tail cost more than encoding a small tensor.
+inline void zero_tail(uint8_t* blob, int64_t numel, int64_t group, int bits, int64_t nbytes) {
+  const int64_t groups = (numel + group - 1) / group, body = groups * 8 + groups * (group * bits / 8);
+  if (nbytes > body) std::memset(blob + body, 0, nbytes - body);
+}
+
 }  // namespace
 
 // dtype: 0 float32, 1 bfloat16, 2 float16. Returns 0, or 1 for an unsupported width, 2 for
-// an unsupported group size or dtype.
-extern "C" int gact_encode(const void* x, int64_t numel, int64_t group, uint8_t* blob, const int64_t* key,
-                           int from_state, int bits, float dmax, float scale_max, int dtype) {
+// an unsupported group size or dtype. ``nbytes``: the blob's length, whose tail this zeroes.
+extern "C" int gact_encode(const void* x, int64_t numel, int64_t group, uint8_t* blob, int64_t nbytes,
+                           const int64_t* key, int from_state, int bits, float dmax, float scale_max, int dtype) {
   if (group > MAX_GROUP || group % 8) return 2;
   if (dtype != GACT_DTYPE) return 2;
-  return encode_typed(static_cast<const Value*>(x), numel, group, blob, key_word(key, from_state), bits, dmax, scale_max);
+  const int status = encode_typed(static_cast<const Value*>(x), numel, group, blob, key_word(key, from_state), bits,
+                                  dmax, scale_max);
+  if (!status) zero_tail(blob, numel, group, bits, nbytes);
+  return status;
 }
 
 // The noise of elements first..first+count-1 (both multiples of 16), for tests of the index arithmetic.
@@ -1191,8 +1201,8 @@ extern "C" void gact_noise(uint64_t first, int64_t count, const int64_t* key, fl
   }
 }
 
-// A bool mask's bits into ceil(numel / 8) bytes at ``out``.
-extern "C" void gact_pack_bool(const uint8_t* mask, int64_t numel, uint8_t* out) {
+// A bool mask's bits into ceil(numel / 8) bytes at ``out``, and zeros up to its length ``nbytes``.
+extern "C" void gact_pack_bool(const uint8_t* mask, int64_t numel, uint8_t* out, int64_t nbytes) {
   const int64_t whole = numel / 8;
 #pragma omp parallel for schedule(static) if (whole > 262144)
   for (int64_t i = 0; i < whole; ++i) {
@@ -1205,6 +1215,8 @@ extern "C" void gact_pack_bool(const uint8_t* mask, int64_t numel, uint8_t* out)
     for (int64_t k = 0; k < numel % 8; ++k) last |= (uint8_t)((mask[8 * whole + k] & 1) << k);
     out[whole] = last;
   }
+  const int64_t used = (numel + 7) / 8;
+  if (nbytes > used) std::memset(out + used, 0, nbytes - used);
 }
 
 // The mirror: numel bools (bytes 0 or 1) at ``out``.
@@ -1246,12 +1258,14 @@ extern "C" int gact_decode(const uint8_t* blob, int64_t numel, int64_t group, vo
 // The blob of the transpose of a row-major [tokens, features] matrix: tokens a multiple of
 // ``group``, ``group`` of 16, features of 8 (else 2); dtype and the rest as for gact_encode.
 extern "C" int gact_encode_transposed(const void* x, int64_t tokens, int64_t features, int64_t group, uint8_t* blob,
-                                      const int64_t* key, int from_state, int bits, float dmax, float scale_max,
-                                      int dtype) {
+                                      int64_t nbytes, const int64_t* key, int from_state, int bits, float dmax,
+                                      float scale_max, int dtype) {
   if (group <= 0 || group % 16 || tokens % group || features % 8) return 2;
   if (dtype != GACT_DTYPE) return 2;
-  return encode_transposed_typed(static_cast<const Value*>(x), tokens, features, group, blob, key_word(key, from_state),
-                                 bits, dmax, scale_max);
+  const int status = encode_transposed_typed(static_cast<const Value*>(x), tokens, features, group, blob,
+                                             key_word(key, from_state), bits, dmax, scale_max);
+  if (!status) zero_tail(blob, tokens * features, group, bits, nbytes);
+  return status;
 }
 
 // Decodes such a blob back into the row-major [tokens, features] matrix; answers as gact_decode.
@@ -1278,13 +1292,15 @@ def library(dtype: torch.dtype = torch.float32):
                     type(error).__name__, str(error).splitlines()[0][:200])
         return None
     pointer, size, flag = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.gact_encode.argtypes = [pointer, size, size, pointer, pointer, flag, flag, ctypes.c_float, ctypes.c_float, flag]
+    lib.gact_encode.argtypes = [pointer, size, size, pointer, size, pointer, flag, flag, ctypes.c_float, ctypes.c_float,
+                                flag]
     lib.gact_decode.argtypes = [pointer, size, size, pointer, flag, ctypes.c_float, flag]
     lib.gact_noise.argtypes = [ctypes.c_uint64, size, pointer, pointer]
-    lib.gact_encode_transposed.argtypes = [pointer, size, size, size, pointer, pointer, flag, flag, ctypes.c_float,
-                                           ctypes.c_float, flag]
+    lib.gact_encode_transposed.argtypes = [pointer, size, size, size, pointer, size, pointer, flag, flag,
+                                           ctypes.c_float, ctypes.c_float, flag]
     lib.gact_decode_transposed.argtypes = [pointer, size, size, size, pointer, flag, ctypes.c_float, flag]
-    lib.gact_pack_bool.argtypes = lib.gact_unpack_bool.argtypes = [pointer, size, pointer]
+    lib.gact_pack_bool.argtypes = [pointer, size, pointer, size]
+    lib.gact_unpack_bool.argtypes = [pointer, size, pointer]
     lib.gact_pack_bool.restype = lib.gact_unpack_bool.restype = None
     lib.gact_unpack_mask.argtypes = [pointer, size, pointer]
     lib.gact_unpack_mask.restype = None
@@ -1298,33 +1314,28 @@ def available(dtype: torch.dtype = torch.float32) -> bool:
     return library(dtype) is not None
 
 
-def _new_blob(numel: int, bits: int, group_size: int, itemsize: int) -> torch.Tensor:
-    blob = torch.empty(fmt.float_blob_nbytes(numel, bits, group_size, itemsize), dtype=torch.uint8)
-    blob[fmt.quantized_body_bytes(numel, bits, group_size) :].zero_()  # padding and tag (zero_: 1 us less than = 0)
-    return blob
-
-
-def quantize(flat: torch.Tensor, bits: int, group_size: int, *, state=None, key=None) -> torch.Tensor:
-    """Blob of a 1-D float CPU tensor at ``bits`` in {1, 2, 3, 4, 8} (the reference's, bit for bit)."""
+def quantize(tensor: torch.Tensor, bits: int, group_size: int, *, state=None, key=None) -> torch.Tensor:
+    """Blob of a float CPU tensor's elements in row-major order at ``bits`` in {1, 2, 3, 4, 8}
+    (the reference's, bit for bit)."""
     source, from_state = (state, 1) if state is not None else (key, 0)
-    values = flat.contiguous()
+    values = tensor.contiguous()
     numel = values.numel()
-    blob = _new_blob(numel, bits, group_size, flat.element_size())
-    status = library(flat.dtype).gact_encode(values.data_ptr(), numel, group_size, blob.data_ptr(), source.data_ptr(), from_state,
-                                   bits, float(torch.finfo(flat.dtype).max), SCALE_MAX,
-                                   DTYPE_CODES[flat.dtype])
+    blob = torch.empty(fmt.float_blob_nbytes(numel, bits, group_size, values.element_size()), dtype=torch.uint8)
+    status = library(values.dtype).gact_encode(values.data_ptr(), numel, group_size, blob.data_ptr(), blob.numel(),
+                                               source.data_ptr(), from_state, bits, float(torch.finfo(values.dtype).max),
+                                               SCALE_MAX, DTYPE_CODES[values.dtype])
     if status:
         raise ValueError(f"gact CPU codec: unsupported width {bits} or group size {group_size} (at most {MAX_GROUP})")
     return blob
 
 
 def pack_bool(mask: torch.Tensor) -> torch.Tensor:
-    """The blob of a 1-D bool CPU tensor: one bit an element, lossless (the reference's, bit for bit)."""
+    """The blob of a bool CPU tensor's elements in row-major order: one bit an element, lossless
+    (the reference's, bit for bit)."""
     mask = mask.contiguous()
     numel = mask.numel()
     blob = torch.empty(fmt.bool_blob_nbytes(numel), dtype=torch.uint8)
-    blob[(numel + 7) // 8 :].zero_()  # padding and tag
-    library().gact_pack_bool(mask.data_ptr(), numel, blob.data_ptr())
+    library().gact_pack_bool(mask.data_ptr(), numel, blob.data_ptr(), blob.numel())
     return blob
 
 
@@ -1357,10 +1368,10 @@ def quantize_transposed(matrix: torch.Tensor, bits: int, group_size: int, *, sta
     source, from_state = (state, 1) if state is not None else (key, 0)
     tokens, features = matrix.shape
     values = matrix.contiguous()
-    blob = _new_blob(values.numel(), bits, group_size, values.element_size())
+    blob = torch.empty(fmt.float_blob_nbytes(values.numel(), bits, group_size, values.element_size()), dtype=torch.uint8)
     status = library(values.dtype).gact_encode_transposed(values.data_ptr(), tokens, features, group_size,
-                                                          blob.data_ptr(), source.data_ptr(), from_state, bits,
-                                                          float(torch.finfo(values.dtype).max), SCALE_MAX,
+                                                          blob.data_ptr(), blob.numel(), source.data_ptr(), from_state,
+                                                          bits, float(torch.finfo(values.dtype).max), SCALE_MAX,
                                                           DTYPE_CODES[values.dtype])
     if status:
         raise ValueError(f"gact CPU codec: no feature-major encoding of {tokens} x {features} at {bits} bits in "
@@ -1375,16 +1386,17 @@ def noise(key: torch.Tensor, first: int, count: int) -> torch.Tensor:
     return out
 
 
-def dequantize(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int) -> torch.Tensor:
-    """Decode a quantized CPU blob (``bits`` read from its length) into a 1-D tensor of ``dtype``,
-    written in ``dtype`` directly (as torch would convert the float32 values)."""
+def dequantize(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int, shape=None) -> torch.Tensor:
+    """Decode a quantized CPU blob (``bits`` read from its length) into a tensor of ``dtype``:
+    1-D, or contiguous of ``shape`` (of ``numel`` elements); written in ``dtype`` directly (as
+    torch would convert the float32 values)."""
     bits = fmt.bits_from_blob_nbytes(blob.numel())
     blob = blob.contiguous()
     dmax = float(torch.finfo(dtype).max)
-    out = torch.empty(numel, dtype=dtype)
+    out = torch.empty(numel if shape is None else shape, dtype=dtype)
     status = library(dtype).gact_decode(blob.data_ptr(), numel, group_size, out.data_ptr(), bits, dmax, DTYPE_CODES[dtype])
     if status == NO_HALF_STORE:
-        wide = torch.empty(numel, dtype=torch.float32)
+        wide = torch.empty(out.shape, dtype=torch.float32)
         status = library(torch.float32).gact_decode(blob.data_ptr(), numel, group_size, wide.data_ptr(), bits, dmax, 0)
         out = wide.to(dtype)
     if status:

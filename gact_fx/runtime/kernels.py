@@ -28,7 +28,7 @@ import os
 import torch
 
 from . import format as fmt
-from .layout import arrange, feature_major, inverse_permutation
+from .layout import arrange, feature_major, identity, inverse_permutation
 from .noise import call_key, rounding_noise
 from .reference import dequantize_reference, quantize_reference
 
@@ -53,7 +53,7 @@ def implementation(tensor: torch.Tensor, bits: int, dtype: torch.dtype | None = 
     if tensor.numel() == 0:
         return "reference"
     choice = _choice()
-    on_cpu = tensor.device.type == "cpu"
+    on_cpu = tensor.is_cpu
     if (dtype or tensor.dtype) == torch.bool:  # a mask, at 1 bit whatever ``bits``
         return "cpu" if choice in ("auto", "cpu") and on_cpu and _codec_available() else "reference"
     if bits == fmt.PASS_THROUGH_BITS:
@@ -67,10 +67,10 @@ def implementation(tensor: torch.Tensor, bits: int, dtype: torch.dtype | None = 
             raise RuntimeError("GACT_FX_KERNELS=cpu needs CPU tensors and a C++ compiler (see the warning above)")
         return "cpu"
     if choice == "auto":
+        if on_cpu:
+            return "cpu" if _codec_available(dtype or tensor.dtype) else "reference"
         if tensor.device.type == "cuda" and triton_installed():
             return "triton"
-        if on_cpu and _codec_available(dtype or tensor.dtype):
-            return "cpu"
     return "reference"
 
 
@@ -92,39 +92,41 @@ def uses_triton(tensor: torch.Tensor, bits: int) -> bool:
     return implementation(tensor, bits) == "triton"
 
 
-def encode(flat: torch.Tensor, bits: int, group_size: int, *, state=None, key=None) -> torch.Tensor:
-    """Blob of a 1-D tensor, its noise keyed by a site's ``state`` or by ``key``."""
-    chosen = implementation(flat, bits)
+def encode(tensor: torch.Tensor, bits: int, group_size: int, *, state=None, key=None) -> torch.Tensor:
+    """Blob of a tensor's elements in row-major order, its noise keyed by a site's ``state`` or by ``key``."""
+    chosen = implementation(tensor, bits)
+    if chosen == "cpu":  # the C++ codec reads any contiguous tensor as the 1-D one it holds
+        cpu_kernels = _cpu_codec()
+        if tensor.dtype == torch.bool:
+            return cpu_kernels.pack_bool(tensor)
+        if group_size <= cpu_kernels.MAX_GROUP and tensor.dtype in cpu_kernels.DTYPE_CODES:
+            return cpu_kernels.quantize(tensor, bits, group_size, state=state, key=key)
+    flat = tensor.reshape(-1)
     if chosen == "triton":
         from . import triton_kernels
 
         return triton_kernels.quantize(flat.contiguous(), bits, group_size, state=state, key=key)
-    if chosen == "cpu":
-        cpu_kernels = _cpu_codec()
-        if flat.dtype == torch.bool:
-            return cpu_kernels.pack_bool(flat)
-        if group_size <= cpu_kernels.MAX_GROUP and flat.dtype in cpu_kernels.DTYPE_CODES:
-            return cpu_kernels.quantize(flat, bits, group_size, state=state, key=key)
     noise = None
     if flat.dtype != torch.bool and bits != fmt.PASS_THROUGH_BITS and flat.numel():
         noise = rounding_noise(fmt.num_groups(flat.numel(), group_size), group_size, call_key(state) if key is None else key)
     return quantize_reference(flat, bits, group_size, noise)
 
 
-def decode(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int) -> torch.Tensor:
-    """1-D tensor of ``numel`` elements of ``dtype`` from a blob."""
+def decode(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int, shape=None) -> torch.Tensor:
+    """The ``numel`` elements of ``dtype`` a blob holds: 1-D, or contiguous of ``shape``."""
     bits = fmt.bits_from_blob_nbytes(blob.numel())
     chosen = implementation(blob, bits, dtype=dtype)
+    if chosen == "cpu" and dtype != torch.bool:  # written in its final shape (a view costs a microsecond)
+        return _cpu_codec().dequantize(blob, numel, dtype, group_size, shape=shape)
     if chosen == "triton":
         from . import triton_kernels
 
-        return triton_kernels.dequantize(blob, numel, dtype, group_size)
-    if chosen == "cpu":
-        cpu_kernels = _cpu_codec()
-        if dtype == torch.bool:
-            return cpu_kernels.unpack_bool(blob, numel)
-        return cpu_kernels.dequantize(blob, numel, dtype, group_size)
-    return dequantize_reference(blob, numel, dtype, group_size)
+        flat = triton_kernels.dequantize(blob, numel, dtype, group_size)
+    elif chosen == "cpu":
+        flat = _cpu_codec().unpack_bool(blob, numel)
+    else:
+        flat = dequantize_reference(blob, numel, dtype, group_size)
+    return flat if shape is None else flat.view(shape)
 
 
 def decode_mask(blob: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
@@ -144,6 +146,8 @@ def _transposable(tensor: torch.Tensor, bits: int, tokens: int, features: int, g
 def encode_permuted(x: torch.Tensor, perm, bits: int, group_size: int, *, state=None, key=None) -> torch.Tensor:
     """Blob of ``x`` taken in the logical order of ``x.permute(perm)``."""
     perm = list(perm)
+    if identity(perm):  # the common case, without the torch calls below (a microsecond each)
+        return encode(x, bits, group_size, state=state, key=key)
     if len(perm) >= 2:
         layout = [*perm[1:], perm[0]]  # where perm is feature-major, the layout it is read from
         features = x.shape[perm[0]]
@@ -152,13 +156,15 @@ def encode_permuted(x: torch.Tensor, perm, bits: int, group_size: int, *, state=
             cpu_kernels = _cpu_codec()
             matrix = x.permute(layout).reshape(tokens, features)  # a view
             return cpu_kernels.quantize_transposed(matrix, bits, group_size, state=state, key=key)
-    return encode(x.permute(perm).reshape(-1), bits, group_size, state=state, key=key)
+    return encode(x.permute(perm), bits, group_size, state=state, key=key)
 
 
 def decode_permuted(blob: torch.Tensor, shape, dtype: torch.dtype, group_size: int, perm, layout=None) -> torch.Tensor:
     """The tensor of ``shape`` that ``blob`` holds in the order of ``perm``, compact in
     ``layout`` (``runtime.layout.arrange``)."""
     numel = math.prod(shape)
+    if identity(perm) and (layout is None or identity(layout)):
+        return decode(blob, numel, dtype, group_size, shape=shape)
     if dtype != torch.bool and feature_major(perm, layout):
         features = shape[layout[-1]]
         tokens = numel // max(features, 1)

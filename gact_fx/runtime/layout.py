@@ -21,6 +21,10 @@ def inverse_permutation(perm: Sequence[int]) -> list[int]:
     return inverse
 
 
+def identity(perm: Sequence[int]) -> bool:
+    return all(dim == position for position, dim in enumerate(perm))
+
+
 def compact_in(tensor: torch.Tensor, order: Sequence[int]) -> torch.Tensor:
     """``tensor`` with strides compact in the dimension order ``order`` (a copy unless it already is)."""
     order = list(order)
@@ -30,6 +34,8 @@ def compact_in(tensor: torch.Tensor, order: Sequence[int]) -> torch.Tensor:
 def arrange(flat: torch.Tensor, shape: Sequence, perm: Sequence[int], layout: Sequence[int] | None) -> torch.Tensor:
     """The tensor of ``shape`` whose elements ``flat`` holds in the order of ``perm``,
     compact in ``layout`` (``perm`` when None)."""
+    if identity(perm) and (layout is None or identity(layout)):
+        return flat.view(shape)
     tensor = flat.view([shape[dim] for dim in perm]).permute(inverse_permutation(perm))
     if layout is None or list(layout) == list(perm):
         return tensor

@@ -40,6 +40,25 @@ def test_blobs_and_decodes_are_bit_identical_to_the_reference(dtype, bits, numel
     assert same_decode(cpu_kernels.dequantize(blob, numel, dtype, group_size), dequantize_reference(blob, numel, dtype, group_size))
 
 
+@pytest.mark.parametrize("bits", [1, 2, 3, 8])
+def test_blob_tails_are_zero_in_memory_the_allocator_hands_back_dirty(bits):
+    # the codec writes the blob's padding and tag itself: a freed tensor of 0xFF bytes the
+    # same size is the memory torch.empty is likely to hand the next blob
+    x, mask = sample(1000, torch.float32), torch.rand(1001, generator=torch.Generator().manual_seed(3)) > 0.5
+    key = noise.key_of(5, 6)
+    encoders = {
+        "quantize": (lambda: cpu_kernels.quantize(x, bits, 256, key=key), reference_blob(x, bits, 256, key)),
+        "feature-major": (lambda: cpu_kernels.quantize_transposed(x[:768].view(256, 3).repeat(1, 8), bits, 256, key=key),
+                          reference_blob(x[:768].view(256, 3).repeat(1, 8).t().reshape(-1), bits, 256, key)),
+        "bool": (lambda: cpu_kernels.pack_bool(mask), quantize_reference(mask, 1, 256, None)),
+    }
+    for name, (encode, expected) in encoders.items():
+        for _ in range(3):
+            dirty = torch.full_like(expected, 0xFF)
+            del dirty
+            assert torch.equal(encode(), expected), name
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_16_bit_decodes_round_ties_to_even_as_torch_converts(dtype):
     # A float32 blob decoded as 16 bits: about 2**20 / 2**16 (bf16) and 2**20 / 2**13 (fp16)
@@ -202,9 +221,10 @@ def test_shapes_the_feature_major_kernels_do_not_take_are_refused(tokens, featur
 def test_each_input_dtype_has_a_library_of_its_own_that_refuses_the_others():
     # one library per dtype is a third of the build; a mix-up must fail loudly, not misread bytes
     x = sample(512, torch.float32)
-    blob = cpu_kernels._new_blob(x.numel(), 2, 256, 2)
+    blob = torch.empty(fmt.float_blob_nbytes(x.numel(), 2, 256, 2), dtype=torch.uint8)
     bf16_library = cpu_kernels.library(torch.bfloat16)
     assert bf16_library is not cpu_kernels.library(torch.float32)
-    status = bf16_library.gact_encode(x.data_ptr(), x.numel(), 256, blob.data_ptr(), noise.key_of(1, 2).data_ptr(), 0, 2,
-                                      float(torch.finfo(torch.float32).max), 1.0, cpu_kernels.DTYPE_CODES[torch.float32])
+    status = bf16_library.gact_encode(x.data_ptr(), x.numel(), 256, blob.data_ptr(), blob.numel(),
+                                      noise.key_of(1, 2).data_ptr(), 0, 2, float(torch.finfo(torch.float32).max), 1.0,
+                                      cpu_kernels.DTYPE_CODES[torch.float32])
     assert status == 2
