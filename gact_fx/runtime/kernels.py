@@ -148,7 +148,7 @@ def encode_permuted(x: torch.Tensor, perm, bits: int, group_size: int, *, state=
     perm = list(perm)
     if identity(perm):  # the common case, without the torch calls below (a microsecond each)
         return encode(x, bits, group_size, state=state, key=key)
-    if len(perm) >= 2:
+    if len(perm) >= 2 and x.stride(perm[0]) == 1:  # (the dimension a feature-major perm takes first is innermost)
         layout = [*perm[1:], perm[0]]  # where perm is feature-major, the layout it is read from
         features = x.shape[perm[0]]
         tokens = x.numel() // max(features, 1)
