@@ -38,7 +38,7 @@ import torch
 import torch.nn as nn
 
 from .kernels import DTYPES, WIDTHS, kernel_markdown, kernel_table
-from .measure import time_training
+from .measure import probing, time_training
 from .metadata import metadata
 from .methods import ALL, Method
 
@@ -218,8 +218,7 @@ class _Runner:
         self.workload.loss(self.model(*inputs)).backward()
 
     def probing(self) -> bool:
-        controller = self.backend.controller
-        return controller is not None and any(not r.fully_measured for r in controller.regions.values())
+        return probing(self.backend)
 
     def peak(self, batch: int) -> tuple[int, int]:
         """(max allocated during a step, the same above the memory held before it), in bytes."""

@@ -164,8 +164,9 @@ TABLE_FILES = {
                                        "`benchmarks/cpu_peak_memory.py --models bert --layers 12 --sequence 512 "
                                        "--batch 16 --steps 1 --name cpu_peak_memory_base_bert`."),
     "cpu_step_base_inductor.json": ("Step time on the CPU under Inductor: transformers at base width",
-                                    "`benchmarks/cpu_peak_memory.py --methods torch.compile 'gact 2 bit' --compiler inductor "
-                                    "--steps 5 --name cpu_step_base_inductor`: the table above, compiled by Inductor."),
+                                    "`benchmarks/cpu_peak_memory.py --methods torch.compile 'gact 2 bit' 'gact L2.2 "
+                                    "(adaptive 2)' --compiler inductor --steps 5 --name cpu_step_base_inductor`: the table "
+                                    "above, compiled by Inductor, with adaptive bits."),
     "kernels.json": ("Kernels: quantize / dequantize bandwidth and step time",
                      "Against the faster of two copies of the same tensor on the same device: into a new tensor, and "
                      "into a buffer allocated once."),

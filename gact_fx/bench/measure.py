@@ -80,6 +80,12 @@ def time_training(step: Callable[[], None], *, device: str, steps: int, warming:
     return compile_s, 1e3 * statistics.median(times)
 
 
+def probing(backend) -> bool:
+    """Whether an adaptive backend is still measuring its tensors' sensitivity (warm-up, not timed)."""
+    controller = backend.controller
+    return controller is not None and any(not r.fully_measured for r in controller.regions.values())
+
+
 def _cpu_step_peak(step) -> int:
     from torch.profiler import ProfilerActivity, profile
 
@@ -119,8 +125,7 @@ class _Runner:
         self.workload.loss(self.compiled(*inputs)).backward()
 
     def probing(self) -> bool:
-        controller = self.backend.controller
-        return controller is not None and any(not r.fully_measured for r in controller.regions.values())
+        return probing(self.backend)
 
 
 def measure(workload: Workload, method: Method, *, model: str, size: str, compiler: str, device: str,
