@@ -152,6 +152,10 @@ TABLE_FILES = {
                           "`benchmarks/compile_time.py`: the first training step (forward and backward, both "
                           "compiled) in a fresh process per run, on an empty Inductor cache (cold: every kernel "
                           "built, gact's CPU codec too) and again on the cache the cold run filled (warm)."),
+    "compile_time_adaptive.json": ("Compile time on the CPU: adaptive bits",
+                                   "`benchmarks/compile_time.py --models bert llama-base --bits 2 --levels L2.2 "
+                                   "--repeats 1 --steps 3 --name compile_time_adaptive`: as above, with an adaptive "
+                                   "level, whose first two steps are sensitivity probes."),
     "cpu_peak_memory.json": ("Peak step memory on the CPU: transformers at base width",
                              "`benchmarks/cpu_peak_memory.py`: one training step per method, the caller keeping only the "
                              "loss; peak from the CPU profiler's allocation events, above what was live before the step."),
