@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import _compat
+
 INITIAL_FRACTION = 64  # the first interval is adapt_interval / 64 calls
 
 
@@ -63,7 +65,7 @@ class GradientMonitor:
     def note(self, gradients) -> None:
         present = [g for g in gradients if isinstance(g, torch.Tensor) and g.is_floating_point()]
         if present:
-            self.pending.append(sum(g.detach().float().square().sum() for g in present))
+            self.pending.append(_compat.squared_norm(present))
 
     def jumped(self) -> float | None:
         """The ratio of the largest new norm to the recent median, when it is a jump."""

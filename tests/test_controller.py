@@ -274,6 +274,15 @@ def test_the_gradient_monitor_reports_a_jump_and_nothing_else():
     assert monitor.jumped() == pytest.approx(15.0 / 1.0, rel=0.2)
 
 
+def test_the_gradient_monitor_sums_squared_norms_in_float32():
+    from gact_fx.schedule import GradientMonitor
+
+    monitor = GradientMonitor()
+    half = torch.full((1000,), 100.0, dtype=torch.float16)  # squared norm 1e7, beyond float16's range
+    monitor.note([half, torch.ones(3), None, torch.ones(2, dtype=torch.int64)])
+    assert monitor.pending[-1].dtype == torch.float32 and monitor.pending[-1].item() == pytest.approx(1e7 + 3)
+
+
 def test_a_jump_of_the_gradient_norm_measures_again(caplog):
     model, inputs = model_case("mlp")
     backend = gact_fx.backend(avg_bits=2, probe_tensors=100, adapt_interval=10**6)
