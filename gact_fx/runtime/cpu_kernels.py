@@ -1314,13 +1314,18 @@ def available(dtype: torch.dtype = torch.float32) -> bool:
     return library(dtype) is not None
 
 
+def _new_blob(numel: int, bits: int, group_size: int, itemsize: int) -> torch.Tensor:
+    """An uninitialised blob of the format's length: the codec writes every byte, tail included."""
+    return torch.empty(fmt.float_blob_nbytes(numel, bits, group_size, itemsize), dtype=torch.uint8)
+
+
 def quantize(tensor: torch.Tensor, bits: int, group_size: int, *, state=None, key=None) -> torch.Tensor:
     """Blob of a float CPU tensor's elements in row-major order at ``bits`` in {1, 2, 3, 4, 8}
     (the reference's, bit for bit)."""
     source, from_state = (state, 1) if state is not None else (key, 0)
     values = tensor.contiguous()
     numel = values.numel()
-    blob = torch.empty(fmt.float_blob_nbytes(numel, bits, group_size, values.element_size()), dtype=torch.uint8)
+    blob = _new_blob(numel, bits, group_size, values.element_size())
     status = library(values.dtype).gact_encode(values.data_ptr(), numel, group_size, blob.data_ptr(), blob.numel(),
                                                source.data_ptr(), from_state, bits, float(torch.finfo(values.dtype).max),
                                                SCALE_MAX, DTYPE_CODES[values.dtype])
@@ -1368,7 +1373,7 @@ def quantize_transposed(matrix: torch.Tensor, bits: int, group_size: int, *, sta
     source, from_state = (state, 1) if state is not None else (key, 0)
     tokens, features = matrix.shape
     values = matrix.contiguous()
-    blob = torch.empty(fmt.float_blob_nbytes(values.numel(), bits, group_size, values.element_size()), dtype=torch.uint8)
+    blob = _new_blob(values.numel(), bits, group_size, values.element_size())
     status = library(values.dtype).gact_encode_transposed(values.data_ptr(), tokens, features, group_size,
                                                           blob.data_ptr(), blob.numel(), source.data_ptr(), from_state,
                                                           bits, float(torch.finfo(values.dtype).max), SCALE_MAX,

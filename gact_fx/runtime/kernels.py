@@ -28,7 +28,7 @@ import os
 import torch
 
 from . import format as fmt
-from .layout import arrange, feature_major, identity, inverse_permutation
+from .layout import arrange, feature_major, identity, inverse_permutation, natural_order
 from .noise import call_key, rounding_noise
 from .reference import dequantize_reference, quantize_reference
 
@@ -163,7 +163,7 @@ def decode_permuted(blob: torch.Tensor, shape, dtype: torch.dtype, group_size: i
     """The tensor of ``shape`` that ``blob`` holds in the order of ``perm``, compact in
     ``layout`` (``runtime.layout.arrange``)."""
     numel = math.prod(shape)
-    if identity(perm) and (layout is None or identity(layout)):
+    if natural_order(perm, layout):  # decoded straight into its shape (``arrange`` would view it)
         return decode(blob, numel, dtype, group_size, shape=shape)
     if dtype != torch.bool and feature_major(perm, layout):
         features = shape[layout[-1]]

@@ -25,6 +25,12 @@ def identity(perm: Sequence[int]) -> bool:
     return all(dim == position for position, dim in enumerate(perm))
 
 
+def natural_order(perm: Sequence[int], layout: Sequence[int] | None) -> bool:
+    """Whether a blob taken in the order ``perm`` and decoded compact in ``layout`` holds the
+    tensor in its own row-major order (no permute on either side)."""
+    return identity(perm) and (layout is None or identity(layout))
+
+
 def compact_in(tensor: torch.Tensor, order: Sequence[int]) -> torch.Tensor:
     """``tensor`` with strides compact in the dimension order ``order`` (a copy unless it already is)."""
     order = list(order)
@@ -34,7 +40,7 @@ def compact_in(tensor: torch.Tensor, order: Sequence[int]) -> torch.Tensor:
 def arrange(flat: torch.Tensor, shape: Sequence, perm: Sequence[int], layout: Sequence[int] | None) -> torch.Tensor:
     """The tensor of ``shape`` whose elements ``flat`` holds in the order of ``perm``,
     compact in ``layout`` (``perm`` when None)."""
-    if identity(perm) and (layout is None or identity(layout)):
+    if natural_order(perm, layout):
         return flat.view(shape)
     tensor = flat.view([shape[dim] for dim in perm]).permute(inverse_permutation(perm))
     if layout is None or list(layout) == list(perm):

@@ -221,7 +221,7 @@ def test_shapes_the_feature_major_kernels_do_not_take_are_refused(tokens, featur
 def test_each_input_dtype_has_a_library_of_its_own_that_refuses_the_others():
     # one library per dtype is a third of the build; a mix-up must fail loudly, not misread bytes
     x = sample(512, torch.float32)
-    blob = torch.empty(fmt.float_blob_nbytes(x.numel(), 2, 256, 2), dtype=torch.uint8)
+    blob = cpu_kernels._new_blob(x.numel(), 2, 256, 2)
     bf16_library = cpu_kernels.library(torch.bfloat16)
     assert bf16_library is not cpu_kernels.library(torch.float32)
     status = bf16_library.gact_encode(x.data_ptr(), x.numel(), 256, blob.data_ptr(), blob.numel(),
