@@ -91,9 +91,9 @@ def main(argv=None) -> int:
     viz_parser.set_defaults(run=viz)
     bench_parser = commands.add_parser("bench", help="memory, speed and accuracy of gact against the alternatives")
     bench_parser.add_argument("--quick", action="store_true", help="a minute-long smoke run (tiny models, eager path)")
-    bench_parser.add_argument("--gpu-suite", action="store_true", help="every GPU measurement in one command, under 9 "
-                              "minutes: the GPU tests, the kernel table, and step time, peak memory and max batch of "
-                              "BERT-large-like, ResNet-50 and Llama-like models (needs CUDA)")
+    bench_parser.add_argument("--gpu-suite", action="store_true", help="every GPU measurement in one command, in 6 "
+                              "minutes: the GPU tests, the kernel table, and step time, peak memory, activation bytes "
+                              "and predicted max batch of a 0.4B Llama-like model and ResNet-50 (needs CUDA)")
     bench_parser.add_argument("--models", nargs="+", help="zoo entries (default: all; --quick: cnn gpt2)")
     bench_parser.add_argument("--sizes", nargs="+", help="tiny small base large (default: tiny on CPU)")
     bench_parser.add_argument("--methods", nargs="+", help="method names (default: all); the accuracy runs train those of "

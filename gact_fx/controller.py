@@ -33,7 +33,6 @@ are dropped without a backward ends when autograd frees its graph.
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import weakref
@@ -143,7 +142,9 @@ class GactController:
     def wrap(self, region: Region, compiled_forward: Callable) -> Callable:
         """The compiled forward, counting calls and probing when it is time."""
 
-        @functools.wraps(compiled_forward)
+        # Not functools.wraps: the ``_torchdynamo_*`` attributes it would copy (torch 2.9 puts
+        # them on the compiled function) make Dynamo call the function they point to, past
+        # this wrapper, and the controller would never see a call.
         def forward(*args):
             region.calls += 1
             training = torch.is_grad_enabled()
@@ -157,6 +158,11 @@ class GactController:
                 self._watch_gradient(region, outputs)
             return outputs
 
+        forward.__name__ = getattr(compiled_forward, "__name__", "forward")
+        forward.__wrapped__ = compiled_forward
+        for name, value in getattr(compiled_forward, "__dict__", {}).items():  # ``_boxed_call`` among them
+            if not name.startswith("_torchdynamo"):
+                setattr(forward, name, value)
         return forward
 
     def _watch_gradient(self, region: Region, outputs) -> None:

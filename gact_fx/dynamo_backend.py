@@ -148,11 +148,19 @@ class GactBackend:
         if len(self.records) == records_before:
             return compiled  # an inference graph: nothing saved, nothing to do
         record = self.records[-1]
+        self._prepare_sites(record)
         record.parameters = [weakref.ref(t) for t in example_inputs if isinstance(t, torch.nn.Parameter)]
         if config.adaptive:
             region = self.controller.add_region(record.index, self._tracked_tensors(record, config.initial_bits))
             compiled = self.controller.wrap(region, compiled)
         return compiled
+
+    def _prepare_sites(self, record: GraphRecord) -> None:
+        """Make each site's noise state now, at compile time, on its tensor's device: made
+        lazily, a CUDA graph's warm-up call would allocate it in the graph's private pool,
+        which cudagraph trees refuse (tensors in the pool not tracked as outputs)."""
+        for compression in record.compressions:
+            self.registry.sites[compression.slot].rng_state(torch.device(compression.device))
 
     def _add_record(self, record: GraphRecord) -> None:
         self.records.append(record)

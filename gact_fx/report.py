@@ -82,6 +82,7 @@ class CompressionRecord:
     bits_reason: str = ""
     groups: str = "contiguous"  # or "feature": tokens of one feature per group (``feature_groups``)
     carried_numel: int = 0  # elements of saved tensors the backward rebuilds from it (``passes.affine``)
+    device: str = "cpu"  # where the tensor lives: its site's noise state is made there at compile time
 
     @property
     def is_float(self) -> bool:
@@ -180,6 +181,7 @@ def _compression_records(plan: CompressionPlan) -> tuple[CompressionRecord, ...]
             bits_reason=c.bits_reason,
             groups=c.groups,
             carried_numel=c.carried_numel,
+            device=str(c.source.meta["val"].device),
         )
         for c in plan.compressions
     )

@@ -22,6 +22,7 @@ def test_defaults_are_valid_and_frozen():
         ({"bits": 8.0}, "bits must be int"),
         ({"group_size": 12}, "multiple of 8"),
         ({"group_size": 0}, "multiple of 8"),
+        ({"group_size": 8192}, "from 8 to 4096"),
         ({"min_numel": -1}, "min_numel must be >= 0"),
         ({"compiler": "tvm"}, "compiler must be one of"),
         ({"partitioner": "greedy"}, "partitioner must be one of"),

@@ -45,6 +45,7 @@ def test_levels_are_gacts():
         GactConfig.from_options({"level": "L2", "avg_bits": 3})
 
 
+@pytest.mark.compat  # on torch 2.9 the controller once never saw a call, and nothing adapted
 def test_adaptation_respects_the_budget_logs_and_never_recompiles(caplog):
     model, inputs = model_case("block")
     backend = gact_fx.backend(avg_bits=2, adapt_interval=3, probe_tensors=3)

@@ -2,8 +2,9 @@
 graphs, the aten lowering, offloading, and peak memory.
 
 Skipped without a GPU (``tests/conftest.py``); ``gact-fx bench --gpu-suite`` runs them first
-(``pytest -m gpu``). The small tensors of ``tests/runtime/test_triton_kernels.py`` run
-compiled here too.
+(``pytest -m gpu``), under a time limit: the tests come in order of importance, and what
+the limit cuts off is reported as not run. Without a GPU the same code paths are
+rehearsed under the Triton interpreter (``tests/runtime/test_cuda_path.py``).
 """
 
 import copy
@@ -38,8 +39,8 @@ def gradients(model, inputs, backend, steps=1, **compile_kwargs):
 
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
-@pytest.mark.parametrize("numel", [1000, (1 << 20) + 3])
-def test_compiled_kernels_write_the_references_blob(dtype, bits, numel):
+@pytest.mark.parametrize("numel,group", [((1 << 20) + 3, 256)])
+def test_compiled_kernels_write_the_references_blob(dtype, bits, numel, group):
     from gact_fx.runtime import format as fmt
     from gact_fx.runtime import noise
     from gact_fx.runtime import triton_kernels as tk
@@ -48,14 +49,18 @@ def test_compiled_kernels_write_the_references_blob(dtype, bits, numel):
     x = (torch.randn(numel, device="cuda") * 3).to(dtype)
     x[7], x[numel // 2] = float("-inf"), float("-inf")  # special values take the same path
     key = noise.key_of(0xC0FFEE, 3, device="cuda")
-    expected = quantize_reference(x, bits, 256, noise.rounding_noise(fmt.num_groups(numel, 256), 256, key))
-    blob = tk.quantize(x, bits, 256, key=key)
+    expected = quantize_reference(x, bits, group, noise.rounding_noise(fmt.num_groups(numel, group), group, key))
+    blob = tk.quantize(x, bits, group, key=key)
     assert torch.equal(blob, expected)
-    decoded, reference = tk.dequantize(blob, numel, dtype, 256), dequantize_reference(blob, numel, dtype, 256)
+    decoded, reference = tk.dequantize(blob, numel, dtype, group), dequantize_reference(blob, numel, dtype, group)
     assert torch.equal(decoded.isinf(), reference.isinf())
     finite = reference.isfinite()
     # fused multiply-add on the GPU: one rounding fewer in fp32, so at most an ulp of the dtype apart
     torch.testing.assert_close(decoded[finite].float(), reference[finite].float(), rtol=torch.finfo(dtype).eps, atol=1e-6)
+
+
+def test_a_group_size_that_is_not_a_power_of_two_and_a_small_tensor():
+    test_compiled_kernels_write_the_references_blob(torch.bfloat16, 3, 1000, 96)
 
 
 @pytest.mark.parametrize("name", ["mlp", "block", "conv"])
@@ -90,7 +95,9 @@ def test_adaptive_bits_train_on_cuda():
     (expected,) = gradients(model, inputs, baseline_backend("inductor"))
     backend = gact_fx.backend(level="L2", compiler="inductor", adapt_interval=2)
     draws = gradients(model, inputs, backend, steps=4)
-    assert backend.controller.average_bits() <= 4 + 1e-9
+    # attention's query and key keep their floor of 8 bits, outside the budget (as on the CPU)
+    free = [t for t in backend.controller.tensors() if t.floor == 1]
+    assert sum(t.bits * t.numel for t in free) <= 4 * sum(t.numel + t.carried_numel for t in free)
     assert all(relative_error(d, expected) < 0.2 for d in draws)
 
 

@@ -95,3 +95,41 @@ def test_adaptive_bits_refuse_cuda_graph_modes(mode):
     compiled = torch.compile(copy.deepcopy(model), backend=gact_fx.backend(level="L2.2"), mode=mode)
     with pytest.raises(Exception, match="captures CUDA graphs"):
         compiled(*inputs)
+
+
+@pytest.mark.parametrize("lowering", ["op", "aten"])
+def test_every_sites_noise_state_exists_before_the_compiled_graph_first_runs(lowering, monkeypatch):
+    # Under mode="reduce-overhead" the first call of a compiled graph is cudagraph trees'
+    # warm-up, which allocates into the graph's private pool: a noise state made lazily
+    # there is a pool tensor nobody tracks, and torch refuses the graph. So states are made
+    # when the graph is compiled, and a call never makes one.
+    from gact_fx.runtime.registry import Site
+
+    if lowering == "aten":
+        monkeypatch.setenv("GACT_FX_COMPILER", "inductor")
+    model, inputs = model_case("block")
+    backend = gact_fx.backend(bits=2, lowering=lowering, compiler="auto")
+    made_during_calls = []
+    original = Site.rng_state
+
+    def watched(site, device):
+        if device not in site._states and compiling == 0:
+            made_during_calls.append(site.slot)
+        return original(site, device)
+
+    compiling = 0
+
+    def spy(gm, example_inputs):
+        nonlocal compiling
+        compiling += 1
+        try:
+            return backend(gm, example_inputs)
+        finally:
+            compiling -= 1
+
+    monkeypatch.setattr(Site, "rng_state", watched)
+    compiled = torch.compile(copy.deepcopy(model), backend=spy, fullgraph=True)
+    projection_loss(compiled(*inputs)).backward()
+    sites = backend.registry.sites.values()
+    assert sites and all(torch.device("cpu") in site._states for site in sites)
+    assert not made_during_calls

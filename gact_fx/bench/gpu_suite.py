@@ -1,54 +1,46 @@
-"""``gact-fx bench --gpu-suite --out DIR``: the GPU measurements, in one command, in under 9 minutes.
+"""``gact-fx bench --gpu-suite --out DIR``: every GPU measurement in one command, in 6 minutes.
 
-Made for the GPU machine this project is sometimes lent (an H100 or H200 with torch 2.11
-+ CUDA, Triton, torchvision and transformers, and no network), with the project
-installed by ``pip install --no-deps --no-build-isolation -e .``. Three parts, each with
-its own share of the time, each recording what it could not finish:
+Made for the GPU machine this project is sometimes lent for a few minutes (an H100 or H200
+with torch 2.11 + CUDA, Triton, torchvision and transformers, no network), with the
+project installed by ``pip install --no-deps --no-build-isolation -e .``. Three parts,
+each a process of its own with a hard time limit (``BUDGET``); at its limit a part is
+interrupted (SIGINT, so pytest still writes its report), then killed. Each part writes
+its results as it goes, so a part that fails or runs out of time costs only itself:
 
-1. the GPU tests (``pytest -m gpu`` on the repository's ``tests/``): compiled Triton
-   kernels bit-identical to the reference, training through them, CUDA graphs;
-2. the kernel table: quantize and dequantize GB/s per width and dtype, against a
-   device copy, for both lowerings;
-3. step time, peak memory and max batch of a BERT-large-like model, ResNet-50
-   (torchvision) and a Llama-like model, against torch.compile: gact at 8, 4 and 2
-   bits and at L2.2, torch's fp8 activation pass and the activation memory budget.
-   Each transformer layer (ResNet block) is compiled on its own, with dynamic shapes,
-   so that a method compiles once, in seconds, whatever the depth and the batch.
+1. tests: the GPU tests (``pytest -m gpu`` on the repository's ``tests/``);
+2. kernels: quantize and dequantize GB/s per width and dtype, against a device copy;
+3. models: step time, peak memory, activation bytes and predicted max batch of a 0.4B
+   Llama-like transformer and ResNet-50 under bf16 autocast: torch.compile against
+   gact at 4 and 2 bits and at L2.2 (``bench.gpu_workloads``).
 
-Writes ``gpu_suite.json`` (everything, with the device, torch and triton versions) and
-``gpu_suite.md``; ``gact-fx bench --markdown`` folds the JSON into BENCHMARKS.md.
-Without CUDA it stops at once with a message that says so.
+It ends with one summary block (``gpu_suite.md``, printed) and ``gpu_suite.json``;
+``gact-fx bench --report-only`` folds the JSON into BENCHMARKS.md. ``scale="tiny"``,
+``device="cpu"`` run the same plumbing small on a CPU (the test suite's dry run). Without
+CUDA the full suite stops at once with a message that says so.
 """
 
 from __future__ import annotations
 
-import copy
-import gc
+import argparse
 import json
 import logging
+import os
 import pathlib
+import signal
 import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ElementTree
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 
 import torch
-import torch.nn as nn
-
-from .kernels import DTYPES, WIDTHS, kernel_markdown, kernel_table
-from .measure import probing, time_training
-from .metadata import metadata
-from .methods import ALL, Method
 
 log = logging.getLogger("gact_fx.bench")
 
-TOTAL_SECONDS = 8 * 60 + 30  # under the 9 minutes the suite promises
-TEST_SECONDS = 120
-KERNEL_SECONDS = 100
-METHODS = ("torch.compile", "gact 8 bit", "gact 4 bit", "gact 2 bit", "gact L2.2 (adaptive 2)",
-           "fp8 activations (torch)", "budget 0.5")
+PARTS = ("tests", "kernels", "models")
+BUDGET = {"tests": 110.0, "kernels": 50.0, "models": 190.0}  # seconds: 350 in all, under 6 minutes
+INTERRUPT_GRACE = 15.0  # seconds a part has after SIGINT to write what it has
+METHODS = ("torch.compile", "gact 2 bit", "gact 4 bit", "gact L2.2 (adaptive 2)")  # in order of importance
+GPU_TESTS = ["-m", "gpu"]
 
 
 class NoGpu(SystemExit):
@@ -65,21 +57,36 @@ def require_cuda() -> None:
         )
 
 
-class Clock:
-    """The suite's time: a total budget and the deadline of each part."""
-
-    def __init__(self, total: float) -> None:
-        self.started = time.monotonic()
-        self.total = total
-
-    def left(self) -> float:
-        return self.total - (time.monotonic() - self.started)
-
-    def deadline(self, seconds: float) -> float:
-        return time.monotonic() + min(seconds, self.left())
+def _write_json(path: pathlib.Path, data) -> None:
+    """Write whole or not at all: a part killed mid-write leaves the previous version."""
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(data, indent=1, default=str))
+    os.replace(partial, path)
 
 
-# -- part 1: the GPU tests ---------------------------------------------------------------
+# -- running a part under a hard limit ------------------------------------------------------
+
+
+def run_limited(command: list[str], seconds: float, *, cwd: pathlib.Path | None = None) -> dict:
+    """Run ``command``; at ``seconds`` interrupt it (SIGINT), and kill it if it is still alive
+    ``INTERRUPT_GRACE`` later. Returns how it ended and its output's last lines."""
+    started = time.monotonic()
+    process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ended = "finished"
+    try:
+        output, _ = process.communicate(timeout=max(seconds, 1.0))
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGINT)
+        ended = f"interrupted at its limit of {seconds:.0f} s"
+        try:
+            output, _ = process.communicate(timeout=INTERRUPT_GRACE)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            output, _ = process.communicate()
+            ended = f"killed at its limit of {seconds:.0f} s"
+    tail = [line for line in (output or "").splitlines() if line.strip()][-12:]
+    return {"ended": ended, "returncode": process.returncode, "seconds": round(time.monotonic() - started, 1),
+            "output_tail": tail}
 
 
 def tests_directory() -> pathlib.Path | None:
@@ -88,28 +95,37 @@ def tests_directory() -> pathlib.Path | None:
     return candidate if (candidate / "conftest.py").exists() else None
 
 
-def run_gpu_tests(out: pathlib.Path, seconds: float) -> dict:
-    tests = tests_directory()
-    if tests is None:
-        return {"status": "not run: no tests/ beside the package (install the repository with -e)"}
+def run_tests(out: pathlib.Path, seconds: float, selection: list[str] | None = None) -> dict:
+    """pytest on the GPU tests (or ``selection``), its junit report read back even if interrupted."""
     report = out / "gpu_tests.xml"
-    command = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", str(tests)]
+    report.unlink(missing_ok=True)
+    if selection is None:
+        tests = tests_directory()
+        if tests is None:
+            return {"status": "not run: no tests/ beside the package (install the repository with -e)"}
+        selection = [*GPU_TESTS, str(tests)]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *selection]
     log.info("gpu suite: %s", " ".join(command))
+    ran = run_limited(command, seconds)
+    summary = junit_summary(report) if report.exists() else {}
+    if ran["ended"] != "finished":
+        status = ran["ended"]
+    else:
+        status = "passed" if ran["returncode"] == 0 else f"pytest exit code {ran['returncode']}"
+    return {"status": status, "seconds": ran["seconds"], **summary, "output_tail": ran["output_tail"][-3:]}
+
+
+def junit_summary(path: pathlib.Path) -> dict:
     try:
-        done = subprocess.run(command, cwd=tests.parent, capture_output=True, text=True, timeout=max(seconds, 1))
-    except subprocess.TimeoutExpired:
-        return {"status": f"stopped after {seconds:.0f} s (its share of the suite's time)"}
-    summary = _junit_summary(report) if report.exists() else {}
-    tail = (done.stdout + done.stderr).strip().splitlines()[-1:] or [""]
-    return {"status": "passed" if done.returncode == 0 else f"pytest exit code {done.returncode}", "summary": tail[0], **summary}
-
-
-def _junit_summary(path: pathlib.Path) -> dict:
-    root = ElementTree.parse(path).getroot()
-    cases = root.iter("testcase")
+        root = ElementTree.parse(path).getroot()
+    except ElementTree.ParseError as error:
+        return {"report_error": str(error)}
     failures = []
-    counts = {"passed": 0, "failed": 0, "skipped": 0}
-    for case in cases:
+    counts = {"passed": 0, "failed": 0, "skipped": 0, "interrupted": 0}
+    for case in root.iter("testcase"):
+        if case.get("name") is None:  # the test running when pytest was interrupted
+            counts["interrupted"] += 1
+            continue
         problem = case.find("failure") if case.find("failure") is not None else case.find("error")
         if problem is not None:
             counts["failed"] += 1
@@ -122,243 +138,114 @@ def _junit_summary(path: pathlib.Path) -> dict:
     return {**counts, "failures": failures}
 
 
-# -- part 3: models ------------------------------------------------------------------------
+def run_part(part: str, out: pathlib.Path, seconds: float, *, device: str, scale: str, compiler: str) -> dict:
+    """A measuring part in a process of its own; what it wrote (``part_<name>.json``), and how it ended."""
+    command = [sys.executable, "-m", "gact_fx.bench.gpu_suite", "--part", part, "--out", str(out),
+               "--seconds", f"{seconds:.1f}", "--device", device, "--scale", scale, "--compiler", compiler]
+    path = out / f"part_{part}.json"
+    path.unlink(missing_ok=True)
+    ran = run_limited(command, seconds + INTERRUPT_GRACE)  # the part keeps its own deadline; this is the backstop
+    result = json.loads(path.read_text()) if path.exists() else {}
+    failed = ran["ended"] == "finished" and ran["returncode"] != 0
+    result["ended"] = f"exit code {ran['returncode']}" if failed else ran["ended"]
+    result["seconds"] = ran["seconds"]
+    if ran["returncode"] != 0:
+        result["output_tail"] = ran["output_tail"]
+    return result
 
 
-@dataclass
-class GpuWorkload:
-    name: str
-    build: Callable[[], nn.Module]
-    regions: Callable[[nn.Module], list[nn.Module]]  # what is compiled, one module at a time
-    batch: Callable[[int], tuple]
-    loss: Callable[[object], torch.Tensor]
-    default_batch: int
+# -- the parts, each in its own process -------------------------------------------------------
 
 
-def _hidden(output) -> torch.Tensor:
-    value = getattr(output, "last_hidden_state", None)
-    if value is None:
-        value = output.pooler_output if hasattr(output, "pooler_output") else output
-    return value
+def _kernels_part(out: pathlib.Path, deadline: float, device: str, scale: str) -> None:
+    from .kernels import kernel_table
+
+    full = scale == "full"
+    numel, repeats = (1 << 26, 20) if full else (1 << 12, 2)
+    dtypes = (torch.bfloat16, torch.float32, torch.float16) if full else (torch.float32, torch.bfloat16)
+    result = {"numel": numel, "repeats": repeats, "rows": []}
+
+    def progress(row: dict) -> None:
+        result["rows"].append(row)
+        _write_json(out / "part_kernels.json", result)
+
+    kernel_table(device, numel, repeats, dtypes=dtypes, widths=(1, 2, 3, 4, 8), lowerings=("op",), progress=progress,
+                 stop=lambda: time.monotonic() > deadline)
+    result["complete"] = True
+    _write_json(out / "part_kernels.json", result)
 
 
-def _square_mean(output) -> torch.Tensor:
-    return _hidden(output).float().square().mean()
+def _models_part(out: pathlib.Path, deadline: float, device: str, scale: str, compiler: str) -> None:
+    from dataclasses import asdict
 
+    from .gpu_workloads import Row, measure, short_error, workloads
+    from .methods import ALL
 
-def workloads(device: str, scale: str) -> list[GpuWorkload]:
-    """BERT-large-like, ResNet-50 and Llama-like (``scale="tiny"``: the same code, small, for tests)."""
-    import transformers as T
-
-    tiny = scale == "tiny"
-    generator = torch.Generator().manual_seed(0)
-
-    def tokens(vocab, sequence):
-        return lambda n: (torch.randint(0, vocab, (n, sequence), generator=generator).to(device),)
-
-    bert_config = T.BertConfig(
-        vocab_size=30522 if not tiny else 128, hidden_size=64 if tiny else 1024, num_hidden_layers=2 if tiny else 24,
-        num_attention_heads=4 if tiny else 16, intermediate_size=256 if tiny else 4096,
-        max_position_embeddings=512, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-    )
-    llama_config = T.LlamaConfig(
-        vocab_size=32000 if not tiny else 128, hidden_size=64 if tiny else 2048, intermediate_size=128 if tiny else 5632,
-        num_hidden_layers=2 if tiny else 8, num_attention_heads=4 if tiny else 16, num_key_value_heads=2 if tiny else 8,
-        max_position_embeddings=1024,
-    )
-
-    def resnet50():
-        import torchvision
-
-        return torchvision.models.resnet50() if not tiny else torchvision.models.resnet18(num_classes=10)
-
-    image = 64 if tiny else 224
-    return [
-        GpuWorkload("bert-large-like", lambda: T.BertModel(bert_config).to(device), lambda m: list(m.encoder.layer),
-                    tokens(bert_config.vocab_size, 32 if tiny else 512), _square_mean, 2 if tiny else 16),
-        GpuWorkload("resnet50", lambda: resnet50().to(device),
-                    lambda m: [block for stage in (m.layer1, m.layer2, m.layer3, m.layer4) for block in stage],
-                    lambda n: (torch.randn(n, 3, image, image, generator=generator).to(device),), _square_mean,
-                    2 if tiny else 64),
-        GpuWorkload("llama-like", lambda: T.LlamaModel(llama_config).to(device), lambda m: list(m.layers),
-                    tokens(llama_config.vocab_size, 32 if tiny else 1024), _square_mean, 2 if tiny else 4),
-    ]
-
-
-@dataclass
-class Row:
-    model: str
-    method: str
-    batch: int
-    compile_s: float | None = None
-    step_ms: float | None = None
-    peak_mib: float | None = None  # max allocated during a step, weights included
-    step_peak_mib: float | None = None  # above what was allocated before the step
-    max_batch: int | None = None
-    max_batch_note: str = ""
-    error: str | None = None
-    notes: list[str] = field(default_factory=list)
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-class _Runner:
-    def __init__(self, workload: GpuWorkload, method: Method, base: nn.Module, device: str, compiler: str) -> None:
-        self.workload, self.device = workload, device
-        self.model = copy.deepcopy(base).train()
-        self.backend = method.backend(compiler)
-        for region in workload.regions(self.model):
-            region.compile(backend=self.backend, dynamic=True)
-
-    def step(self, inputs) -> None:
-        self.model.zero_grad(set_to_none=True)
-        self.workload.loss(self.model(*inputs)).backward()
-
-    def probing(self) -> bool:
-        return probing(self.backend)
-
-    def peak(self, batch: int) -> tuple[int, int]:
-        """(max allocated during a step, the same above the memory held before it), in bytes."""
-        inputs = self.workload.batch(batch)
-        _sync(self.device)
-        if self.device != "cuda":
-            return 0, 0
-        gc.collect()
-        torch.cuda.reset_peak_memory_stats()
-        rest = torch.cuda.memory_allocated()
-        self.step(inputs)
-        _sync(self.device)
-        peak = torch.cuda.max_memory_allocated()
-        return peak, peak - rest
-
-
-def _short(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}".splitlines()[0][:200]
-
-
-def _fits(runner: _Runner, batch: int) -> tuple[bool, int]:
-    try:
-        return True, runner.peak(batch)[1]
-    except torch.cuda.OutOfMemoryError:
-        return False, 0
-    finally:
-        runner.model.zero_grad(set_to_none=True)
-        gc.collect()
-        torch.cuda.empty_cache()
-
-
-def max_batch(runner: _Runner, batch: int, step_peak: int, deadline: float) -> tuple[int | None, str]:
-    """The largest batch that trains: a prediction from the step peaks at two batches
-    (memory is linear in the batch), then a few tries around it, until ``deadline``."""
-    capacity = torch.cuda.get_device_properties(0).total_memory - torch.cuda.memory_allocated()
-    fits, double_peak = _fits(runner, 2 * batch)
-    if not fits:
-        return batch, "2x the default batch does not fit"
-    per_sample = max(1, (double_peak - step_peak) / batch)
-    fixed = max(0, step_peak - per_sample * batch)
-    low, high = 2 * batch, None
-    guess = int(0.97 * (capacity - fixed) / per_sample)
-    while time.monotonic() < deadline and (high is None or high - low > max(1, low // 32)):
-        guess = max(low + 1, guess if high is None else (low + high) // 2)
-        if high is not None:
-            guess = min(guess, high - 1)
-        ok, _ = _fits(runner, guess)
-        if ok:
-            low = guess
-            guess = int(guess * 1.1) + 1
-        else:
-            high = guess
-    note = "" if high is not None and high - low <= max(1, low // 32) else "a lower bound: the time ran out"
-    return low, note
-
-
-def measure_model(workload: GpuWorkload, method: Method, base: nn.Module, *, device: str, compiler: str,
-                  steps: int, deadline: float, find_max_batch: bool) -> Row:
-    row = Row(workload.name, method.name, workload.default_batch)
-    try:
-        with method.patches():
-            runner = _Runner(workload, method, base, device, compiler)
-            inputs = workload.batch(workload.default_batch)
-            row.compile_s, row.step_ms = time_training(
-                lambda: runner.step(inputs), device=device, steps=steps, warming=runner.probing, deadline=deadline
-            )
-            peak, step_peak = runner.peak(workload.default_batch)
-            row.peak_mib, row.step_peak_mib = peak / 2**20, step_peak / 2**20
-            if find_max_batch and device == "cuda":
-                if time.monotonic() < deadline:
-                    row.max_batch, row.max_batch_note = max_batch(runner, workload.default_batch, step_peak, deadline)
-                else:
-                    row.max_batch_note = "not measured: the time ran out"
-    except Exception as error:  # recorded, never raised: one broken method must not stop the suite
-        row.error = _short(error)
-    finally:
-        torch._dynamo.reset()
-        gc.collect()
-        if device == "cuda":
-            torch.cuda.empty_cache()
-    return row
-
-
-def run_models(clock: Clock, *, device: str, scale: str, compiler: str, methods: tuple[str, ...], steps: int,
-               find_max_batch: bool) -> list[Row]:
+    chosen = [ALL[name] for name in METHODS]
     rows: list[Row] = []
-    chosen = [ALL[name] for name in methods]
-    for index, workload in enumerate(workloads(device, scale)):
-        try:
-            torch.manual_seed(0)
-            base = workload.build()
-        except Exception as error:
-            rows += [Row(workload.name, m.name, workload.default_batch, error=_short(error)) for m in chosen]
-            continue
-        for position, method in enumerate(chosen):
-            remaining = (len(chosen) - position) + len(chosen) * (2 - index)
-            if clock.left() <= 5:
-                rows.append(Row(workload.name, method.name, workload.default_batch, error="not run: the suite's time ran out"))
-                continue
-            deadline = clock.deadline(clock.left() / max(1, remaining))
-            log.info("gpu suite: %s, %s (%.0f s left)", workload.name, method.name, clock.left())
-            rows.append(measure_model(workload, method, base, device=device, compiler=compiler, steps=steps,
-                                      deadline=deadline, find_max_batch=find_max_batch))
-        del base
-    return rows
+    result = {"rows": []}
+    plan = [(workload, method) for workload in workloads(device, scale) for method in chosen]
+    built: dict[str, object] = {}
+    for index, (workload, method) in enumerate(plan):
+        left = deadline - time.monotonic()
+        if left <= 5:
+            rows.append(Row(workload.name, method.name, workload.default_batch, error="not run: the part's time ran out"))
+        else:
+            if workload.name not in built:
+                built.clear()  # one model in memory at a time
+                try:
+                    torch.manual_seed(0)
+                    built[workload.name] = workload.build()
+                except Exception as error:
+                    built[workload.name] = error
+            base = built[workload.name]
+            if isinstance(base, Exception):
+                rows.append(Row(workload.name, method.name, workload.default_batch, error=short_error(base)))
+            else:
+                share = time.monotonic() + left / (len(plan) - index)  # an even share of what is left
+                log.info("gpu suite: %s, %s (%.0f s left)", workload.name, method.name, left)
+                rows.append(measure(workload, method, base, device=device, compiler=compiler,
+                                    steps=10 if scale == "full" else 2, deadline=share))
+        result["rows"] = [asdict(r) for r in rows]
+        _write_json(out / "part_models.json", result)
+    result["complete"] = True
+    _write_json(out / "part_models.json", result)
 
 
-def _number(value, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
-def models_markdown(rows: list[Row]) -> str:
-    lines = ["| model | method | batch | compile s | step ms | vs torch.compile | peak MiB | step peak MiB | max batch |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    baselines = {r.model: r for r in rows if r.method == "torch.compile" and r.error is None}
-    for r in rows:
-        if r.error is not None:
-            lines.append(f"| {r.model} | {r.method} | {r.batch} | {r.error} | | | | | |")
-            continue
-        base = baselines.get(r.model)
-        ratio = f"{r.step_ms / base.step_ms:.2f}x" if base and base.step_ms else "-"
-        batch = "-" if r.max_batch is None else f"{r.max_batch}{' (' + r.max_batch_note + ')' if r.max_batch_note else ''}"
-        lines.append(f"| {r.model} | {r.method} | {r.batch} | {_number(r.compile_s)} | {_number(r.step_ms)} | {ratio} | "
-                     f"{_number(r.peak_mib, 0)} | {_number(r.step_peak_mib, 0)} | {batch} |")
-    return "\n".join(lines)
-
-
-def run(out: pathlib.Path, *, device: str = "cuda", scale: str = "full", parts=("tests", "kernels", "models"),
-        methods: tuple[str, ...] = METHODS, compiler: str = "inductor", total_seconds: float = TOTAL_SECONDS) -> dict:
-    """Run the suite; returns what it wrote to ``out/gpu_suite.json``.
-
-    ``device="cpu"``, ``scale="tiny"`` and ``compiler="eager"`` run the same code small and
-    on the CPU: that is how its plumbing is tested without a GPU.
-    """
-    if device == "cuda":
-        require_cuda()
+def part_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gact_fx.bench.gpu_suite")
+    parser.add_argument("--part", choices=("kernels", "models"), required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--seconds", type=float, required=True)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--scale", default="full")
+    parser.add_argument("--compiler", default="inductor")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    deadline = time.monotonic() + args.seconds
+    if args.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # how these models train on a GPU
         torch.backends.cudnn.allow_tf32 = True
+    if args.part == "kernels":
+        _kernels_part(pathlib.Path(args.out), deadline, args.device, args.scale)
+    else:
+        _models_part(pathlib.Path(args.out), deadline, args.device, args.scale, args.compiler)
+    return 0
+
+
+# -- the whole suite ---------------------------------------------------------------------------
+
+
+def run(out: pathlib.Path, *, device: str = "cuda", scale: str = "full", parts=PARTS, compiler: str = "inductor",
+        budget: dict[str, float] | None = None, test_selection: list[str] | None = None) -> dict:
+    """Run the parts one after another; returns what it wrote to ``out/gpu_suite.json``."""
+    from .metadata import metadata
+
+    if device == "cuda":
+        require_cuda()
+    budget = {**BUDGET, **(budget or {})}
     out.mkdir(parents=True, exist_ok=True)
-    clock = Clock(total_seconds)
+    started = time.monotonic()
     meta = metadata(device)
     try:
         import triton
@@ -366,46 +253,95 @@ def run(out: pathlib.Path, *, device: str = "cuda", scale: str = "full", parts=(
         meta["triton"] = triton.__version__
     except ImportError:
         meta["triton"] = None
-    result: dict = {"meta": meta}
-    if "tests" in parts:
-        result["tests"] = run_gpu_tests(out, min(TEST_SECONDS, clock.left()))
-        log.info("gpu suite: tests %s", result["tests"].get("status"))
-    if "kernels" in parts:
-        full = scale == "full"
-        numel, repeats = (1 << 26, 20) if full else (1 << 12, 2)
-        deadline = clock.deadline(KERNEL_SECONDS)
-        rows = kernel_table(device, numel, repeats, dtypes=DTYPES if full else (torch.float32,), widths=WIDTHS if full else (2,),
-                            progress=lambda row: log.info("gpu suite: kernels %s", row), stop=lambda: time.monotonic() > deadline)
-        result["kernels"] = {"numel": numel, "rows": rows, "markdown": kernel_markdown(rows, numel, repeats)}
-    if "models" in parts:
-        rows = run_models(clock, device=device, scale=scale, compiler=compiler, methods=methods,
-                          steps=10 if scale == "full" else 2, find_max_batch=device == "cuda")
-        result["models"] = [asdict(r) for r in rows]
-    result["seconds"] = round(total_seconds - clock.left(), 1)
-    result["markdown"] = suite_markdown(result)
-    (out / "gpu_suite.json").write_text(json.dumps(result, indent=1, default=str))
-    (out / "gpu_suite.md").write_text(result["markdown"])
+    result: dict = {"meta": meta, "budget": {part: budget[part] for part in parts}}
+    for part in parts:
+        log.info("gpu suite: %s (limit %.0f s)", part, budget[part])
+        if part == "tests":
+            result["tests"] = run_tests(out, budget[part], test_selection)
+        else:
+            result[part] = run_part(part, out, budget[part], device=device, scale=scale, compiler=compiler)
+        result["seconds"] = round(time.monotonic() - started, 1)
+        result["markdown"] = summary_markdown(result)
+        _write_json(out / "gpu_suite.json", result)
+        (out / "gpu_suite.md").write_text(result["markdown"])
     return result
 
 
-def suite_markdown(result: dict) -> str:
+# -- the summary --------------------------------------------------------------------------------
+
+
+def _number(value, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.{digits}f}" if abs(value) >= 10 ** -digits else f"{value:.2g}"
+
+
+def kernels_markdown(kernels: dict) -> list[str]:
+    rows = kernels.get("rows", [])
+    copies = {r["dtype"]: r["gbps"] for r in rows if r["bits"] == "copy"}
+    cells: dict[tuple, dict] = {}
+    for r in rows:
+        if r["bits"] != "copy":
+            cells.setdefault((r["dtype"], r["bits"]), {})[r["op"]] = r
+    lines = [f"{kernels.get('numel')} elements, median of {kernels.get('repeats')}; GB/s counts the bytes each must "
+             f"move; %: of a device copy of the same tensor. Part {kernels.get('ended', '?')} "
+             f"({kernels.get('seconds', '?')} s).\n",
+             "| dtype | bits | quantize GB/s | % | dequantize GB/s | % | feature groups: quantize | dequantize |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for (dtype, bits), ops in cells.items():
+        def cell(op):
+            row = ops.get(op)
+            return ("-", "-") if row is None else (_number(row["gbps"], 0), f"{_number(100 * row['of_copy'], 0)}%")
+        q, dq = cell("quantize"), cell("dequantize")
+        fq, fdq = cell("quantize, feature groups"), cell("dequantize, feature groups")
+        lines.append(f"| {dtype} | {bits} | {q[0]} | {q[1]} | {dq[0]} | {dq[1]} | {fq[1]} | {fdq[1]} |")
+    lines.append("Device copy: " + ", ".join(f"{dtype} {gbps:.0f} GB/s" for dtype, gbps in copies.items()))
+    return lines
+
+
+def models_markdown(models: dict) -> list[str]:
+    rows = models.get("rows", [])
+    base = {r["model"]: r for r in rows if r["method"] == "torch.compile" and r["error"] is None}
+    lines = [f"bf16 autocast, each layer or block compiled on its own. Part {models.get('ended', '?')} "
+             f"({models.get('seconds', '?')} s).\n",
+             "| model | method | batch | compile s | step ms | vs torch.compile | peak MiB | activations MiB | "
+             "vs torch.compile | predicted max batch |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        if r["error"] is not None:
+            lines.append(f"| {r['model']} | {r['method']} | {r['batch']} | {r['error']} | | | | | | |")
+            continue
+        b = base.get(r["model"])
+        step = f"{r['step_ms'] / b['step_ms']:.2f}x" if b and b["step_ms"] else "-"
+        held = "-"
+        if b and r["activation_mib"] and r is not b:
+            held = f"{b['activation_mib'] / r['activation_mib']:.1f}x less"
+        lines.append(f"| {r['model']} | {r['method']} | {r['batch']} | {_number(r['compile_s'])} | "
+                     f"{_number(r['step_ms'])} | {step} | {_number(r['peak_mib'], 0)} | {_number(r['activation_mib'])} | "
+                     f"{held} | {r['predicted_max_batch'] or '-'} |")
+    return lines
+
+
+def summary_markdown(result: dict) -> str:
     meta = result["meta"]
-    lines = [f"Device: {meta.get('device')}; torch {meta.get('torch')}; triton {meta.get('triton')}; "
-             f"{result.get('seconds', '?')} s in all.\n"]
+    lines = [f"Device: {meta.get('device')}; torch {meta.get('torch')}; triton {meta.get('triton')}; commit "
+             f"{meta.get('commit') or '?'}; {meta.get('date')}; {result.get('seconds', '?')} s in all.\n"]
     tests = result.get("tests")
     if tests is not None:
-        lines.append(f"**GPU tests** (`pytest -m gpu`): {tests.get('status')}; {tests.get('summary', '')}")
+        counts = ", ".join(f"{tests[k]} {k}" for k in ("passed", "failed", "skipped", "interrupted") if tests.get(k))
+        lines.append(f"**GPU tests** (`pytest -m gpu`): {tests.get('status')}; {counts or 'no report'} "
+                     f"({tests.get('seconds', '?')} s)")
         lines += [f"- failed: {failure}" for failure in tests.get("failures", [])]
         lines.append("")
     if "kernels" in result:
-        lines += ["**Kernels**\n", result["kernels"]["markdown"], ""]
+        lines += ["**Kernels**\n", *kernels_markdown(result["kernels"]), ""]
     if "models" in result:
-        lines += ["**Models** (each layer or block compiled on its own, dynamic shapes; peak: `max_memory_allocated` "
-                  "during a step)\n", models_markdown([Row(**{**r, "notes": r.get("notes", [])}) for r in result["models"]])]
+        lines += ["**Models**\n", *models_markdown(result["models"]), ""]
     return "\n".join(lines)
 
 
 def main(args) -> int:
+    log.setLevel(logging.INFO)  # progress: each part, model and method as it starts
     try:
         result = run(pathlib.Path(args.out))
     except NoGpu as error:
@@ -414,3 +350,7 @@ def main(args) -> int:
     print(result["markdown"])
     print(f"\nwrote {args.out}/gpu_suite.json and gpu_suite.md")
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(part_main(sys.argv[1:]))

@@ -1,11 +1,13 @@
-"""Where and how a benchmark result was produced: device, torch version, date, command."""
+"""Where and how a benchmark result was produced: device, torch version, commit, date, command."""
 
 from __future__ import annotations
 
 import datetime
 import os
+import pathlib
 import platform
 import shlex
+import subprocess
 import sys
 
 import torch
@@ -23,10 +25,26 @@ def device_name(device: str) -> str:
     return f"CPU: {model}, {os.cpu_count()} cores, {torch.get_num_threads()} torch thread(s)"
 
 
+def commit() -> str | None:
+    """The checkout's commit (``+dirty`` with uncommitted changes), or None outside a git checkout."""
+    root = pathlib.Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty else "")
+
+
 def metadata(device: str = "cpu", command: list[str] | None = None) -> dict:
     return {
         "device": device_name(device),
         "torch": torch.__version__,
+        "commit": commit(),
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": shlex.join(command if command is not None else [os.path.basename(sys.argv[0]), *sys.argv[1:]]),

@@ -60,6 +60,7 @@ SPECIAL_KINDS = ("-inf", "+inf", "-max", "+max")  # kind k sits in the low 2 bit
 TOKEN_BYTES = 8
 PASS_THROUGH_BITS = 32
 METADATA_BYTES_PER_GROUP = 8  # float32 scale + float32 min
+MAX_GROUP_SIZE = 4096  # every codec holds a group at once (registers of one GPU program, the CPU codec's buffer)
 _ALIGN = 8
 _TAG_BY_BITS = {1: 1, 2: 2, 3: 6, 4: 3, 8: 4, 32: 5}
 _BITS_BY_TAG = {tag: bits for bits, tag in _TAG_BY_BITS.items()}
@@ -76,10 +77,10 @@ def check_bits(bits: int) -> None:
 
 
 def check_group_size(group_size: int) -> None:
-    if not isinstance(group_size, int) or group_size < 8 or group_size % 8:
+    if not isinstance(group_size, int) or not 8 <= group_size <= MAX_GROUP_SIZE or group_size % 8:
         raise ValueError(
-            f"group_size must be a positive multiple of 8 (so that every group's codes "
-            f"fill whole bytes at 1 bit), got {group_size!r}"
+            f"group_size must be a multiple of 8 (so that every group's codes fill whole bytes "
+            f"at 1 bit) from 8 to {MAX_GROUP_SIZE} (one GPU program holds a group), got {group_size!r}"
         )
 
 

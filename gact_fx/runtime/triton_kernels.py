@@ -8,23 +8,41 @@ arithmetic), so a Triton blob equals the reference's bit for bit. The call's key
 on the device, from the site's noise state or from an explicit key, never passed as a
 host integer: a CUDA graph replays the launch with the counter's new value.
 
-Each program handles ``GROUPS_PER_BLOCK`` consecutive groups, and the grid has one
+Each program handles ``BLOCK`` consecutive groups (``block_shape``), and the grid has one
 program per block: no loop with run-time bounds, which the interpreter of Triton 3.6
-(torch 2.11's) rejects, and which a memory-bound kernel does not need. Under
-``TRITON_INTERPRET=1`` they run on CPU tensors (slowly): that is how they are tested
-without a GPU.
+(torch 2.11's) rejects, and which a memory-bound kernel does not need. A group's lanes
+are a power of two (``tl.arange`` takes no other size); for a group size that is not one
+(any multiple of 8 is allowed), the lanes past the group repeat its last element, which
+changes no minimum, maximum or flag, and are never stored. Every launch goes through
+``runtime.launches.launch``, so the compile check (``runtime.compile_check``) can compile
+exactly what ran. Under ``TRITON_INTERPRET=1`` they run on CPU tensors (slowly): that is
+how their semantics are tested without a GPU; compiled Triton accepts less than the
+interpreter does (a module global must be a ``tl.constexpr``, for one), which only the
+compile check shows.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import triton
 import triton.language as tl
 
 from . import format as fmt
-from .reference import SCALE_MAX
+from .launches import launch
+from .reference import SCALE_MAX as _SCALE_MAX
 
-GROUPS_PER_BLOCK = 4
+SCALE_MAX = tl.constexpr(_SCALE_MAX)  # a plain module float is a NameError in compiled Triton
+ELEMENTS_PER_PROGRAM = 1024  # lanes per program, at least one group's
+
+
+def block_shape(group_size: int) -> tuple[int, int, int]:
+    """``(lanes per group, groups per program, warps)`` for a group size (a multiple of 8)."""
+    lanes = triton.next_power_of_2(group_size)
+    groups = max(1, ELEMENTS_PER_PROGRAM // lanes)
+    warps = max(4, min(16, groups * lanes // 256))  # at most 16 elements a thread: no spills
+    return lanes, groups, warps
 
 
 @triton.jit
@@ -60,48 +78,58 @@ def _uniform(k0, k1, offsets):
 
 
 @triton.jit
-def _noise_kernel(out_ptr, num_groups, key_ptr, FROM_STATE: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr):
-    k0, k1 = _call_key(key_ptr, FROM_STATE)
+def _group_offsets(GROUP: tl.constexpr, LANES: tl.constexpr, BLOCK: tl.constexpr):
+    """``(groups [BLOCK, 1], offsets [BLOCK, LANES], lane_live [1, LANES])`` of this program;
+    lanes past ``GROUP`` point at the group's last element."""
+    lanes = tl.arange(0, LANES)[None, :]
     groups = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)[:, None]
-    offsets = groups.to(tl.int64) * GROUP + tl.arange(0, GROUP)[None, :]
-    tl.store(out_ptr + offsets, _uniform(k0, k1, offsets), mask=groups < num_groups)
+    offsets = groups.to(tl.int64) * GROUP + tl.minimum(lanes, GROUP - 1)
+    return groups, offsets, lanes < GROUP
 
 
 @triton.jit
-def _store_packed(row_ptr, codes, live, WIDTH: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr):
-    """Pack [BLOCK, GROUP] codes of WIDTH in {1, 2, 4, 8} bits into the bytes at each row's pointer."""
-    PER_BYTE: tl.constexpr = 8 // WIDTH
-    BYTES: tl.constexpr = GROUP * WIDTH // 8
-    shifts = (tl.arange(0, PER_BYTE) * WIDTH)[None, None, :]
-    packed = tl.sum(tl.reshape(codes, (BLOCK, BYTES, PER_BYTE)) << shifts, axis=2)
-    tl.store(row_ptr + tl.arange(0, BYTES)[None, :], packed.to(tl.uint8), mask=live)
+def _noise_kernel(out_ptr, num_groups, key_ptr, FROM_STATE: tl.constexpr, GROUP: tl.constexpr,
+                  LANES: tl.constexpr, BLOCK: tl.constexpr):
+    k0, k1 = _call_key(key_ptr, FROM_STATE)
+    groups, offsets, lane_live = _group_offsets(GROUP, LANES, BLOCK)
+    tl.store(out_ptr + offsets, _uniform(k0, k1, offsets), mask=(groups < num_groups) & lane_live)
 
 
 @triton.jit
-def _load_packed(row_ptr, live, WIDTH: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr):
-    """The [BLOCK, GROUP] codes of WIDTH bits packed at each row's pointer."""
+def _store_packed(row_ptr, codes, live, WIDTH: tl.constexpr, GROUP: tl.constexpr, LANES: tl.constexpr,
+                  BLOCK: tl.constexpr):
+    """Pack [BLOCK, LANES] codes of WIDTH in {1, 2, 4, 8} bits into the bytes at each row's
+    pointer: the bytes of the group's first GROUP lanes."""
     PER_BYTE: tl.constexpr = 8 // WIDTH
-    BYTES: tl.constexpr = GROUP * WIDTH // 8
     shifts = (tl.arange(0, PER_BYTE) * WIDTH)[None, None, :]
-    packed = tl.load(row_ptr + tl.arange(0, BYTES)[None, :], mask=live, other=0).to(tl.int32)
-    return tl.reshape((packed[:, :, None] >> shifts) & ((1 << WIDTH) - 1), (BLOCK, GROUP))
+    packed = tl.sum(tl.reshape(codes, (BLOCK, LANES // PER_BYTE, PER_BYTE)) << shifts, axis=2)
+    byte = tl.arange(0, LANES // PER_BYTE)[None, :]
+    tl.store(row_ptr + byte, packed.to(tl.uint8), mask=live & (byte < GROUP // PER_BYTE))
+
+
+@triton.jit
+def _load_packed(row_ptr, live, WIDTH: tl.constexpr, GROUP: tl.constexpr, LANES: tl.constexpr,
+                 BLOCK: tl.constexpr):
+    """The [BLOCK, LANES] codes of WIDTH bits packed at each row's pointer (0 past GROUP)."""
+    PER_BYTE: tl.constexpr = 8 // WIDTH
+    shifts = (tl.arange(0, PER_BYTE) * WIDTH)[None, None, :]
+    byte = tl.arange(0, LANES // PER_BYTE)[None, :]
+    packed = tl.load(row_ptr + byte, mask=live & (byte < GROUP // PER_BYTE), other=0).to(tl.int32)
+    return tl.reshape((packed[:, :, None] >> shifts) & ((1 << WIDTH) - 1), (BLOCK, LANES))
 
 
 @triton.jit
 def _quantize_kernel(
     x_ptr, blob_ptr, numel, num_groups, key_ptr, dtype_max,
-    FROM_STATE: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr,
+    FROM_STATE: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, LANES: tl.constexpr, BLOCK: tl.constexpr,
 ):
     BYTES: tl.constexpr = GROUP * BITS // 8
     LEVELS: tl.constexpr = (1 << BITS) - 1
     k0, k1 = _call_key(key_ptr, FROM_STATE)
     words = blob_ptr.to(tl.pointer_type(tl.float32))
     codes_out = blob_ptr + 8 * num_groups
-    rows = tl.arange(0, BLOCK)[:, None]
-    lanes = tl.arange(0, GROUP)[None, :]
-    groups = tl.program_id(0) * BLOCK + rows  # [BLOCK, 1]
+    groups, offsets, _ = _group_offsets(GROUP, LANES, BLOCK)
     live = groups < num_groups
-    offsets = groups.to(tl.int64) * GROUP + lanes
     inside = offsets < numel
     last = tl.load(x_ptr + numel - 1).to(tl.float32)
     x = tl.load(x_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
@@ -138,25 +166,29 @@ def _quantize_kernel(
     codes = tl.minimum(tl.maximum(codes, 0.0), top.to(tl.float32))
     codes = tl.where(special, LEVELS, codes)
     codes = tl.where(poison | (codes != codes), 0.0, codes).to(tl.int32)
+    row = codes_out + groups.to(tl.int64) * BYTES
     if BITS == 3:  # two planes (runtime.format): the low two bits, then the high bit
-        _store_packed(codes_out + groups.to(tl.int64) * BYTES, codes & 3, live, 2, GROUP, BLOCK)
-        _store_packed(codes_out + groups.to(tl.int64) * BYTES + GROUP // 4, codes >> 2, live, 1, GROUP, BLOCK)
+        _store_packed(row, codes & 3, live, 2, GROUP, LANES, BLOCK)
+        _store_packed(row + GROUP // 4, codes >> 2, live, 1, GROUP, LANES, BLOCK)
     else:
-        _store_packed(codes_out + groups.to(tl.int64) * BYTES, codes, live, BITS, GROUP, BLOCK)
+        _store_packed(row, codes, live, BITS, GROUP, LANES, BLOCK)
     tl.store(words + groups, word, mask=live)
     tl.store(words + num_groups + groups, group_min, mask=live)
 
 
 @triton.jit
 def _round_to(values, dtype: tl.constexpr):
-    """fp32 to ``dtype``, rounding to nearest even as torch does.
+    """fp32 to ``dtype``, rounding to nearest even as torch does, NaN kept NaN.
 
     Done by hand for bf16: the Triton interpreter truncates instead (compiled code
-    rounds to nearest even either way, so this costs three integer ops there).
+    rounds to nearest even either way). The rounding carry would turn a NaN whose
+    mantissa is all ones (0x7FFFFFFF, what NVIDIA arithmetic returns for a NaN operand)
+    into -0.0, so NaN takes the canonical bf16 NaN.
     """
     if dtype == tl.bfloat16:
         raw = values.to(tl.uint32, bitcast=True)
         raw = (raw + 0x7FFF + ((raw >> 16) & 1)) >> 16
+        raw = tl.where(values != values, 0x7FC0, raw)
         return raw.to(tl.uint16).to(tl.bfloat16, bitcast=True)
     return values.to(dtype)
 
@@ -164,23 +196,22 @@ def _round_to(values, dtype: tl.constexpr):
 @triton.jit
 def _dequantize_kernel(
     blob_ptr, out_ptr, numel, num_groups, dtype_max,
-    BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr,
+    BITS: tl.constexpr, GROUP: tl.constexpr, LANES: tl.constexpr, BLOCK: tl.constexpr,
 ):
     BYTES: tl.constexpr = GROUP * BITS // 8
     LEVELS: tl.constexpr = (1 << BITS) - 1
     words = blob_ptr.to(tl.pointer_type(tl.float32))
     codes_in = blob_ptr + 8 * num_groups
-    rows = tl.arange(0, BLOCK)[:, None]
-    lanes = tl.arange(0, GROUP)[None, :]
-    groups = tl.program_id(0) * BLOCK + rows
+    groups, offsets, lane_live = _group_offsets(GROUP, LANES, BLOCK)
     live = groups < num_groups
     word = tl.load(words + groups, mask=live, other=1.0)
     group_min = tl.load(words + num_groups + groups, mask=live, other=0.0)
+    row = codes_in + groups.to(tl.int64) * BYTES
     if BITS == 3:
-        low = _load_packed(codes_in + groups.to(tl.int64) * BYTES, live, 2, GROUP, BLOCK)
-        codes = low | (_load_packed(codes_in + groups.to(tl.int64) * BYTES + GROUP // 4, live, 1, GROUP, BLOCK) << 2)
+        low = _load_packed(row, live, 2, GROUP, LANES, BLOCK)
+        codes = low | (_load_packed(row + GROUP // 4, live, 1, GROUP, LANES, BLOCK) << 2)
     else:
-        codes = _load_packed(codes_in + groups.to(tl.int64) * BYTES, live, BITS, GROUP, BLOCK)
+        codes = _load_packed(row, live, BITS, GROUP, LANES, BLOCK)
     scale = tl.abs(word)
     values = codes.to(tl.float32) * scale
     values = values + group_min
@@ -188,12 +219,11 @@ def _dequantize_kernel(
     extreme = tl.where(kind >= 2, dtype_max, float("inf"))
     special_value = tl.where((kind & 1) == 1, extreme, -extreme)
     values = tl.where((word < 0) & (codes == LEVELS), special_value, values)
-    offsets = groups.to(tl.int64) * GROUP + lanes
-    tl.store(out_ptr + offsets, _round_to(values, out_ptr.dtype.element_ty), mask=live & (offsets < numel))
+    tl.store(out_ptr + offsets, _round_to(values, out_ptr.dtype.element_ty), mask=live & lane_live & (offsets < numel))
 
 
-def _grid(num_groups: int) -> tuple[int]:
-    return (max(1, triton.cdiv(num_groups, GROUPS_PER_BLOCK)),)
+def _grid(num_groups: int, groups_per_program: int) -> tuple[int]:
+    return (max(1, triton.cdiv(num_groups, groups_per_program)),)
 
 
 def _key_source(state: torch.Tensor | None, key: torch.Tensor | None) -> tuple[torch.Tensor, bool]:
@@ -202,34 +232,58 @@ def _key_source(state: torch.Tensor | None, key: torch.Tensor | None) -> tuple[t
     return (state, True) if state is not None else (key, False)
 
 
+def _on_device(tensor: torch.Tensor):
+    """Launch on ``tensor``'s GPU, which need not be the current one (Triton launches on the current)."""
+    if tensor.is_cuda and tensor.device.index != torch.cuda.current_device():
+        return torch.cuda.device(tensor.device)
+    return contextlib.nullcontext()
+
+
 def rounding_noise(groups: int, group_size: int, *, state=None, key=None) -> torch.Tensor:
     """The ``(G, group_size)`` noise ``quantize`` draws for a state or key (for tests)."""
+    fmt.check_group_size(group_size)
     source, from_state = _key_source(state, key)
     out = torch.empty(groups, group_size, device=source.device, dtype=torch.float32)
-    _noise_kernel[_grid(groups)](out, groups, source, FROM_STATE=from_state, GROUP=group_size, BLOCK=GROUPS_PER_BLOCK)
+    lanes, block, warps = block_shape(group_size)
+    with _on_device(out):
+        launch(_noise_kernel, _grid(groups, block), {"out_ptr": out, "num_groups": groups, "key_ptr": source},
+               {"FROM_STATE": from_state, "GROUP": group_size, "LANES": lanes, "BLOCK": block}, num_warps=warps)
     return out
 
 
 def quantize(flat: torch.Tensor, bits: int, group_size: int, *, state=None, key=None) -> torch.Tensor:
     """Blob of a contiguous 1-D float tensor at ``bits`` in {1, 2, 3, 4, 8}."""
+    fmt.check_group_size(group_size)
     source, from_state = _key_source(state, key)
     numel = flat.numel()
     groups = fmt.num_groups(numel, group_size)
     blob = torch.empty(fmt.float_blob_nbytes(numel, bits, group_size, flat.element_size()), dtype=torch.uint8, device=flat.device)
     blob[fmt.quantized_body_bytes(numel, bits, group_size) :] = 0  # padding and tag
-    _quantize_kernel[_grid(groups)](
-        flat, blob, numel, groups, source, float(torch.finfo(flat.dtype).max),
-        FROM_STATE=from_state, BITS=bits, GROUP=group_size, BLOCK=GROUPS_PER_BLOCK,
-    )
+    lanes, block, warps = block_shape(group_size)
+    with _on_device(flat):
+        launch(
+            _quantize_kernel, _grid(groups, block),
+            {"x_ptr": flat, "blob_ptr": blob, "numel": numel, "num_groups": groups, "key_ptr": source,
+             "dtype_max": float(torch.finfo(flat.dtype).max)},
+            {"FROM_STATE": from_state, "BITS": bits, "GROUP": group_size, "LANES": lanes, "BLOCK": block},
+            num_warps=warps,
+        )
     return blob
 
 
 def dequantize(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int) -> torch.Tensor:
     """Decode a quantized blob (``bits`` read from its length) into a 1-D tensor."""
+    fmt.check_group_size(group_size)
     bits = fmt.bits_from_blob_nbytes(blob.numel())
     groups = fmt.num_groups(numel, group_size)
     out = torch.empty(numel, dtype=dtype, device=blob.device)
-    _dequantize_kernel[_grid(groups)](
-        blob, out, numel, groups, float(torch.finfo(dtype).max), BITS=bits, GROUP=group_size, BLOCK=GROUPS_PER_BLOCK
-    )
+    lanes, block, warps = block_shape(group_size)
+    with _on_device(blob):
+        launch(
+            _dequantize_kernel, _grid(groups, block),
+            {"blob_ptr": blob, "out_ptr": out, "numel": numel, "num_groups": groups,
+             "dtype_max": float(torch.finfo(dtype).max)},
+            {"BITS": bits, "GROUP": group_size, "LANES": lanes, "BLOCK": block},
+            num_warps=warps,
+        )
     return out

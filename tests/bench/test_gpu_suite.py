@@ -1,14 +1,25 @@
 """The plumbing of ``gact-fx bench --gpu-suite``, on the CPU: a clear refusal without CUDA,
-and the same code run small (tiny models, eager compiler) writing its JSON and Markdown."""
+and a dry run of the same code, small (tiny models, the eager compiler), in which a part
+that outlives its limit is interrupted and the suite still reports everything else.
+(The Triton kernels' own rehearsal on the CPU is ``tests/runtime/test_cuda_path.py``.)"""
 
 import json
-import pathlib
 
 import pytest
 import torch
 
 from gact_fx.bench import gpu_suite
 from gact_fx.cli import main as cli
+
+SLOW_TESTS = """
+import time
+
+def test_quick():
+    pass
+
+def test_outlives_its_limit():
+    time.sleep(120)
+"""
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible: the suite would run")
@@ -19,40 +30,56 @@ def test_without_cuda_it_stops_with_a_clear_message(tmp_path, capsys):
     assert not (tmp_path / "gpu_suite.json").exists()
 
 
-def test_the_suite_runs_small_on_the_cpu_and_writes_its_results(tmp_path):
-    result = gpu_suite.run(tmp_path, device="cpu", scale="tiny", parts=("kernels", "models"),
-                           methods=("torch.compile", "gact 2 bit"), compiler="eager", total_seconds=300)
-    written = json.loads((tmp_path / "gpu_suite.json").read_text())
-    assert written["meta"]["device"].startswith("CPU") and "triton" in written["meta"]
-    kernels = written["kernels"]["rows"]
-    assert {(r["lowering"], r["op"]) for r in kernels} >= {("op", "quantize"), ("aten", "dequantize"),
-                                                            ("-", "copy, new tensor"), ("-", "copy, into a buffer")}
-    assert all(r["gbps"] > 0 for r in kernels)
-    rows = {(r["model"], r["method"]): r for r in written["models"]}
-    assert set(rows) == {(m, method) for m in ("bert-large-like", "resnet50", "llama-like")
-                         for method in ("torch.compile", "gact 2 bit")}
-    for model in ("bert-large-like", "llama-like"):
-        for method in ("torch.compile", "gact 2 bit"):
-            row = rows[model, method]
-            assert row["error"] is None and row["step_ms"] > 0 and row["compile_s"] > 0, row
+def test_a_dry_run_reports_every_part_even_when_one_outlives_its_limit(tmp_path):
+    tests = tmp_path / "slow" / "test_slow.py"
+    tests.parent.mkdir()
+    tests.write_text(SLOW_TESTS)
+    out = tmp_path / "out"
+    result = gpu_suite.run(out, device="cpu", scale="tiny", compiler="eager",
+                           budget={"tests": 10, "kernels": 120, "models": 240},
+                           test_selection=[str(tests), "--rootdir", str(tests.parent)])
+    written = json.loads((out / "gpu_suite.json").read_text())
+    assert written == json.loads(json.dumps(result, default=str))
+    assert written["meta"]["device"].startswith("CPU") and "triton" in written["meta"] and "commit" in written["meta"]
+    # the tests part: interrupted at its limit, and pytest's own report of what ran survives
+    assert written["tests"]["status"].startswith("interrupted")
+    assert (written["tests"]["passed"], written["tests"]["interrupted"]) == (1, 1)
+    kernels = written["kernels"]
+    assert kernels["ended"] == "finished" and kernels["complete"]
+    assert {(r["dtype"], r["bits"], r["op"]) for r in kernels["rows"]} >= {
+        ("float32", bits, op) for bits in (1, 2, 3, 4, 8) for op in ("quantize", "dequantize")}
+    assert all(r["gbps"] > 0 for r in kernels["rows"])
+    models = written["models"]
+    rows = {(r["model"], r["method"]): r for r in models["rows"]}
+    assert set(rows) == {(m, method) for m in ("llama-like", "resnet50") for method in gpu_suite.METHODS}
+    for method in gpu_suite.METHODS:
+        row = rows["llama-like", method]
+        assert row["error"] is None and row["step_ms"] > 0 and row["compile_s"] > 0 and row["activation_mib"] > 0, row
+    assert rows["llama-like", "gact 2 bit"]["activation_mib"] < 0.5 * rows["llama-like", "torch.compile"]["activation_mib"]
     resnet = rows["resnet50", "gact 2 bit"]  # torchvision: on the GPU machine; here it may be absent
     assert resnet["error"] is None or "torchvision" in resnet["error"]
-    text = (tmp_path / "gpu_suite.md").read_text()
-    assert "| llama-like | gact 2 bit |" in text and result["markdown"] == text
-    assert cli(["bench", "--report-only", "--out", str(tmp_path), "--markdown", str(tmp_path / "B.md")]) == 0
+    text = (out / "gpu_suite.md").read_text()
+    assert text == written["markdown"]
+    assert "**GPU tests**" in text and "interrupted" in text and "| llama-like | gact 2 bit |" in text
+    assert cli(["bench", "--report-only", "--out", str(out), "--markdown", str(tmp_path / "B.md")]) == 0
     report = (tmp_path / "B.md").read_text()
-    assert "## GPU suite" in report and "| bert-large-like | torch.compile |" in report
+    assert "## GPU suite" in report and "| llama-like | torch.compile |" in report
     assert "No section below was measured on a GPU" in report  # this one ran on the CPU
 
 
+def test_a_part_that_dies_is_reported_with_its_output(tmp_path):
+    ran = gpu_suite.run_limited(["python3", "-c", "import sys; print('boom'); sys.exit(3)"], 10)
+    assert ran["ended"] == "finished" and ran["returncode"] == 3 and ran["output_tail"] == ["boom"]
+
+
 def test_the_test_summary_reads_pytests_junit_report(tmp_path):
-    path = pathlib.Path(tmp_path) / "report.xml"
+    path = tmp_path / "report.xml"
     path.write_text(
         '<testsuites><testsuite>'
         '<testcase name="a"/><testcase name="b"><skipped/></testcase>'
         '<testcase name="c"><failure message="AssertionError: off by 1e6&#10;detail"/></testcase>'
         '</testsuite></testsuites>'
     )
-    summary = gpu_suite._junit_summary(path)
+    summary = gpu_suite.junit_summary(path)
     assert (summary["passed"], summary["skipped"], summary["failed"]) == (1, 1, 1)
     assert summary["failures"] == ["c: AssertionError: off by 1e6"]

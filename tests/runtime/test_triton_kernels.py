@@ -124,3 +124,30 @@ def test_training_through_the_kernels(monkeypatch):
     (expected,), _ = compiled_grads(model, inputs, baseline_backend())
     (got,), _ = compiled_grads(model, inputs, gact_fx.backend(bits=8, compiler="eager"))
     assert 0 < relative_error(got, expected) < 2e-2
+
+
+@pytest.mark.parametrize("group_size", [24, 96, 1000])
+@pytest.mark.parametrize("bits", [1, 3, 8])
+def test_group_sizes_that_are_not_powers_of_two_write_the_references_blob(group_size, bits):
+    # tl.arange takes only powers of two: such a group runs on the next power's lanes
+    x = sample(3 * group_size + 5, torch.float32)
+    x[group_size + 2] = float("-inf")
+    key = noise.key_of(11, 12, device=DEVICE)
+    blob = tk.quantize(x, bits, group_size, key=key)
+    assert torch.equal(blob, reference_blob(x, bits, group_size, key))
+    decoded = tk.dequantize(blob, x.numel(), x.dtype, group_size)
+    expected = dequantize_reference(blob, x.numel(), x.dtype, group_size)
+    torch.testing.assert_close(decoded, expected, rtol=1e-6, atol=1e-6, equal_nan=True)  # (1 bit poisons the -inf group)
+
+
+def test_a_nan_with_every_mantissa_bit_set_decodes_to_nan_in_bfloat16():
+    # NVIDIA arithmetic returns 0x7FFFFFFF for a NaN operand; rounding it to bfloat16 by
+    # hand carried into the sign bit and gave -0.0
+    x = sample(2 * GROUP, torch.bfloat16)
+    blob = tk.quantize(x, 4, GROUP, key=noise.key_of(1, 2, device=DEVICE))
+    groups = fmt.num_groups(x.numel(), GROUP)
+    all_ones_nan = torch.tensor([0x7FFFFFFF], dtype=torch.int32).view(torch.uint8).to(DEVICE)
+    blob[4 * groups : 4 * groups + 4] = all_ones_nan  # group 0's min: a NaN whose mantissa is all ones
+    decoded = tk.dequantize(blob, x.numel(), torch.bfloat16, GROUP)
+    assert decoded[:GROUP].isnan().all() and not decoded[GROUP:].isnan().any()
+    assert dequantize_reference(blob, x.numel(), torch.bfloat16, GROUP)[:GROUP].isnan().all()

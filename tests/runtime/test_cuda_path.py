@@ -1,0 +1,203 @@
+"""The CUDA path rehearsed on the CPU, and every Triton launch it makes compiled for real GPUs.
+
+``GACT_FX_KERNELS=triton`` sends every float compression through the Triton kernels, as
+on CUDA (masks take the torch reference there too); without a GPU they run under the
+interpreter (``TRITON_INTERPRET=1``, ``tests/conftest.py``). One session-wide rehearsal
+trains small models end to end that way, at every width and level, fp32 and both 16-bit
+dtypes, with feature groups, and records each launch (``runtime.launches``). The tests
+check its gradients as the CPU path's are checked, then compile every recorded launch
+for sm_80 and sm_90 (``runtime.compile_check``), which the interpreter alone never did:
+before that check, every quantize kernel failed to compile for any GPU.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+import gact_fx
+from gact_fx.runtime.launches import LaunchRecorder
+
+from ..helpers import MLP, ConvBlock, TransformerBlock, baseline_backend, projection_loss, relative_error
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("Triton is not installed (pip install 'gact-fx[triton]')", allow_module_level=True)
+if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("no GPU and TRITON_INTERPRET is not 1 (run through tests/conftest.py)", allow_module_level=True)
+
+pytestmark = pytest.mark.compat
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DRAWS = 8  # low-bit draws per case: the mean of unbiased draws is ~sqrt(DRAWS) closer
+
+
+def small_case(name: str):
+    """The tests' models, small: the interpreter runs a kernel's programs one after another
+    (about 12 ms a program of 1024 elements), so each saved tensor here fits in a few."""
+    torch.manual_seed(0)
+    if name == "mlp":
+        return MLP(width=64), (torch.randn(32, 64),)
+    if name == "block":
+        return TransformerBlock(dim=32, heads=2), (torch.randn(2, 16, 32),)
+    if name == "conv":
+        return ConvBlock(channels=8), (torch.randn(4, 3, 8, 8),)
+    raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str
+    options: tuple[tuple[str, object], ...]
+    dtype: torch.dtype = torch.float32  # autocast's dtype (float32: none)
+
+    @property
+    def name(self) -> str:
+        options = ",".join(f"{k}={v}" for k, v in self.options)
+        return f"{self.model}-{options}-{str(self.dtype)[6:]}"
+
+
+CASES = [
+    *(Case("mlp", (("bits", bits),)) for bits in (32, 8, 4, 3, 2, 1)),
+    Case("block", (("bits", 8),)),
+    Case("block", (("bits", 2),)),
+    Case("block", (("bits", 2),), torch.bfloat16),
+    Case("block", (("bits", 8),), torch.float16),
+    Case("block", (("bits", 2), ("feature_groups", True), ("group_size", 32))),
+    Case("block", (("bits", 4), ("group_size", 96))),  # a group size that is not a power of two
+    Case("conv", (("bits", 2),)),
+    Case("block", (("level", "L2"), ("adapt_interval", 2))),  # run-time bits, probes re-quantize by explicit key
+    Case("mlp", (("level", "L2.2"), ("adapt_interval", 2)), torch.bfloat16),
+]
+
+
+@dataclass
+class Outcome:
+    expected: torch.Tensor
+    draws: list[torch.Tensor] = field(default_factory=list)
+    backend: gact_fx.GactBackend | None = None
+
+
+def _gradients(model, inputs, backend, steps: int, dtype: torch.dtype) -> list[torch.Tensor]:
+    model = copy.deepcopy(model)
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    draws = []
+    for _ in range(steps):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast(DEVICE, dtype=dtype, enabled=dtype != torch.float32):
+            output = compiled(*inputs)
+        projection_loss(output).backward()
+        draws.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    return draws
+
+
+def _run(case: Case) -> Outcome:
+    torch._dynamo.reset()
+    model, inputs = small_case(case.model)
+    model, inputs = model.to(DEVICE), tuple(i.to(DEVICE) for i in inputs)
+    (expected,) = _gradients(model, inputs, baseline_backend(), 1, case.dtype)
+    options = dict(case.options)
+    adaptive = "level" in options
+    steps = 6 if adaptive else (1 if options.get("bits", 4) >= 8 else DRAWS)
+    backend = gact_fx.backend(compiler="eager", min_numel=512, **options)
+    return Outcome(expected, _gradients(model, inputs, backend, steps, case.dtype), backend)
+
+
+@pytest.fixture(scope="module")
+def rehearsal():
+    """Every case run through the Triton kernels once, and the launches they made."""
+    outcomes = {}
+    with pytest.MonkeyPatch.context() as patch, LaunchRecorder() as recorder:
+        patch.setenv("GACT_FX_KERNELS", "triton")
+        for case in CASES:
+            gact_fx.manual_seed(0)
+            started = time.perf_counter()
+            outcomes[case] = _run(case)
+            print(f"{case.name}: {time.perf_counter() - started:.1f} s")
+    torch._dynamo.reset()
+    return outcomes, recorder.launches
+
+
+def _case(options: dict, model="mlp", dtype=torch.float32) -> Case:
+    return Case(model, tuple(options.items()), dtype)
+
+
+def test_32_bits_are_the_baseline_bit_for_bit(rehearsal):
+    outcomes, _ = rehearsal
+    outcome = outcomes[_case({"bits": 32})]
+    assert torch.equal(outcome.draws[0], outcome.expected)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if dict(c.options).get("bits") == 8], ids=lambda c: c.name)
+def test_8_bits_are_within_two_percent(rehearsal, case):
+    outcomes, _ = rehearsal
+    outcome = outcomes[case]
+    tolerance = 2e-2 if case.dtype == torch.float32 else 5e-2  # 16-bit autocast adds its own rounding
+    assert 0 < relative_error(outcome.draws[0], outcome.expected) < tolerance
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if dict(c.options).get("bits", 8) < 8], ids=lambda c: c.name)
+def test_low_bits_are_unbiased(rehearsal, case):
+    outcomes, _ = rehearsal
+    outcome = outcomes[case]
+    single = sum(relative_error(d, outcome.expected) for d in outcome.draws) / len(outcome.draws)
+    mean = relative_error(torch.stack(outcome.draws).mean(0), outcome.expected)
+    floor = 0.6 * len(outcome.draws) ** 0.5  # sqrt(8) = 2.8 for independent unbiased draws
+    if case.dtype != torch.float32:
+        # the baseline is the same model under the same autocast, but its 16-bit rounding and
+        # gact's differ a little: the averaging floor is that difference, not zero
+        floor = 1.8
+    assert torch.isfinite(torch.stack(outcome.draws)).all()
+    assert single / mean >= floor, (single, mean)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if "level" in dict(c.options)], ids=lambda c: c.name)
+def test_adaptive_levels_train_within_their_budget(rehearsal, case):
+    outcomes, _ = rehearsal
+    outcome = outcomes[case]
+    controller = outcome.backend.controller
+    avg_bits = outcome.backend.config.avg_bits
+    free = [t for t in controller.tensors() if t.floor == 1]
+    assert all(t.sensitivity is not None for t in controller.tensors())  # probed through the kernels
+    assert sum(t.bits * t.numel for t in free) <= avg_bits * sum(t.numel + t.carried_numel for t in free)
+    # (a probe step's gradient is exact; at two bits a draw of these tiny models is ~0.7 off)
+    assert all(torch.isfinite(d).all() and relative_error(d, outcome.expected) < 1 for d in outcome.draws)
+
+
+def test_the_rehearsal_launched_every_kernel_variant_the_cuda_path_has(rehearsal):
+    _, launches = rehearsal
+    seen = {(launch.kernel.rpartition(".")[2], dict(launch.constants).get("BITS"), launch.signature[0][1])
+            for launch in launches}
+    for bits in (1, 2, 3, 4, 8):
+        assert ("_quantize_kernel", bits, "*fp32") in seen and ("_dequantize_kernel", bits, "*u8") in seen
+    quantized_types = {signature for kernel, _, signature in seen if kernel == "_quantize_kernel"}
+    assert {"*fp32", "*bf16", "*fp16"} <= quantized_types
+    key_sources = {dict(launch.constants).get("FROM_STATE") for launch in launches}
+    assert key_sources >= {True, False}  # a site's state, and the probe's explicit key
+    groups = {dict(launch.constants).get("GROUP") for launch in launches}
+    assert 96 in groups
+
+
+def test_every_recorded_launch_compiles_for_sm80_and_sm90(rehearsal, tmp_path):
+    _, launches = rehearsal
+    path = tmp_path / "launches.json"
+    path.write_text(json.dumps([launch.as_json() for launch in launches]))
+    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-m", "gact_fx.runtime.compile_check", str(path), "--arch", "80", "90"],
+        capture_output=True, text=True, env=environment, timeout=1200,
+    )
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    failures = [f"sm_{r['arch']} {r['launch']['kernel']} {r['launch']['constants']}: {r['error'][-400:]}"
+                for r in results if not r["ok"]]
+    assert not failures, "\n".join(failures)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len(results) == 2 * len(launches)
