@@ -5,11 +5,11 @@ installed (entry point ``torch_dynamo_backends``); the rest is reached from here
 Importing this package starts neither CUDA nor Triton nor Dynamo.
 """
 
-from .api import GactHandle, compress, decompress, visualize
+from .api import GactHandle, compress, decompress, report, visualize
 from .config import LEVELS, GactConfig
 from .controller import GactController
 from .dynamo_backend import GactBackend, GactCompileError, backend_of, last_report
-from .report import CompressionRecord, GraphRecord, Report, SavedTensorRow
+from .report import CompressionRecord, GraphRecord, HookStep, Report, SavedTensorRow
 from .runtime.registry import manual_seed
 
 __version__ = "0.1.0"
@@ -22,11 +22,6 @@ def backend(config: GactConfig | None = None, **options) -> GactBackend:
     the records of every graph it compiles (``.report()``).
     """
     return GactBackend(config, **options)
-
-
-def report(model) -> Report:
-    """The report of the gact backend that compiled ``model`` (compiled or original module)."""
-    return backend_of(model).report()
 
 
 def controller(model) -> GactController:
@@ -47,6 +42,7 @@ __all__ = [
     "GactHandle",
     "LEVELS",
     "GraphRecord",
+    "HookStep",
     "Report",
     "SavedTensorRow",
     "backend",

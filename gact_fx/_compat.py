@@ -128,8 +128,10 @@ def set_output_descriptors(output: torch.fx.Node, descriptors: list) -> None:
 
 
 # Dynamo names module paths from the frame's locals: ``L['self'].blocks[0].fc1`` or
-# ``L['self']._modules['blocks']._modules['0']``; other locals as ``L['model']``.
-DYNAMO_SELF = re.compile(r"^L\['self'\]\.?|^L\['(\w+)'\]\.?")
+# ``L['self']._modules['blocks']._modules['0']``; ``L['fn']`` where torch.compile wraps a
+# module whose forward is torch's own (``nn.Sequential``, checked on 2.9.1, 2.13.0, 2.15.0);
+# other locals as ``L['model']``.
+DYNAMO_SELF = re.compile(r"^L\['(?:self|fn)'\]\.?|^L\['(\w+)'\]\.?")
 
 
 def module_stack(node: torch.fx.Node) -> list[str]:
@@ -345,11 +347,40 @@ def allow_backward_rerun(node) -> None:
 
 
 def graph_break_counts() -> dict[str, int]:
-    """Dynamo's graph-break counts so far, by reason (empty if Dynamo was never imported)."""
+    """Dynamo's graph-break counts so far, by reason (empty if Dynamo was never imported, or
+    if the counters cannot be read: an account of graph breaks must never fail a step)."""
     import sys
 
     utils = sys.modules.get("torch._dynamo.utils")
-    return dict(utils.counters["graph_break"]) if utils is not None else {}
+    try:
+        return dict(utils.counters["graph_break"]) if utils is not None else {}
+    except Exception:  # noqa: BLE001  (a changed counter layout must not break training)
+        return {}
+
+
+def run_uncompiled(fn: Callable) -> Callable:
+    """``fn`` as a frame an outer ``torch.compile`` does not trace: it breaks its graph there and
+    calls ``fn`` as Python (compiled functions that ``fn`` calls still compile with their own backend)."""
+    reason = "gact_fx.compress(): the module compiles itself with gact's backend"
+    try:
+        return torch.compiler.disable(fn, reason=reason)
+    except TypeError:  # torch before 2.10 takes no reason
+        return torch.compiler.disable(fn)
+
+
+def compiled_with(module) -> tuple[torch.nn.Module, Callable, dict] | None:
+    """``(original module, backend, backend keyword arguments)`` of a module returned by
+    ``torch.compile``, or None for any other module (or a torch that keeps them elsewhere)."""
+    original = getattr(module, "_orig_mod", None)
+    context = getattr(module, "dynamo_ctx", None)
+    if original is None or context is None:
+        return None
+    wrapper, seen = getattr(context, "callback", None), 0
+    while wrapper is not None and not hasattr(wrapper, "compiler_fn") and seen < 16:
+        wrapper, seen = getattr(wrapper, "_torchdynamo_orig_backend", None), seen + 1
+    if wrapper is None or not hasattr(wrapper, "compiler_fn"):
+        return None
+    return original, wrapper.compiler_fn, dict(getattr(wrapper, "kwargs", None) or {})
 
 
 def inside_ddp_forward() -> bool:
@@ -490,6 +521,8 @@ CONTRACTS: tuple[Contract, ...] = (
     Contract("_foreach_norm(tensors, ord, dtype=)",
              lambda: squared_norm([torch.ones(2, dtype=torch.float16), torch.ones(3)]).item() == 5.0 or None),
     Contract("_dynamo.utils.counters", _attribute("torch._dynamo.utils", "counters")),
+    Contract("OptimizedModule: _orig_mod and dynamo_ctx.callback down to compiler_fn",
+             lambda: compiled_with(torch.compile(torch.nn.Identity(), backend="eager"))[1] is not None or None),
     Contract("DistributedDataParallel._get_active_ddp_module",
              _attribute("torch.nn.parallel", "DistributedDataParallel._get_active_ddp_module")),
     Contract("CompiledFunction node name and metadata.bw_donated_idxs", _compiled_function_metadata),

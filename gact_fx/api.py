@@ -10,6 +10,12 @@ The first training step is checked: if torch.compile captured no training graph 
 all, nothing would be compressed, so that is an error, or with ``fallback="hooks"`` the
 model switches to GACT-style saved-tensor hooks (``hooks.py``); Dynamo graph breaks are
 logged, since code between compiled graphs runs uncompressed.
+
+A compressed module compiles itself. An outer ``torch.compile`` around it (the Hugging
+Face Trainer's ``torch_compile=True``, Lightning's, the user's own) would otherwise trace
+into it with its own backend and compress nothing: the call is a frame the outer compile
+does not trace (``_compat.run_uncompiled``), so its graph breaks there and gact's compile
+runs inside.
 """
 
 from __future__ import annotations
@@ -55,10 +61,26 @@ class GactHandle:
         return self.backend.controller
 
     def report(self) -> Report:
+        """What was compressed: the compiled graphs, or in hooks mode the hooks' last step."""
+        if self.mode == "pending":
+            raise LookupError(f"{self._model_name} has not run a training step yet: run one first")
+        if self.mode == "hooks":
+            if self.hooks is None:
+                return Report(note=f"compression is off (enabled=False): {self._model_name} runs its plain forward")
+            return Report(hooks=self.hooks.last_step)
         return self.backend.report()
 
     def __repr__(self) -> str:
         return f"GactHandle(mode={self.mode!r}, {self.config!r})"
+
+
+def _module_call(self, *args, **kwargs):
+    """What gact compiles: a frame of this package, where Dynamo starts tracing and inlines
+    the module's call. (Compiling ``Module._call_impl`` itself compiles nothing on torch 2.13
+    for modules whose forward lives in torch, ``nn.Sequential`` among them: Dynamo skips
+    torch's own files as the frame it starts from.) The module comes in as ``self``, so
+    Dynamo names module paths as it does for ``torch.compile(model)``."""
+    return _compat.plain_call(self)(*args, **kwargs)
 
 
 class _GatedCall:
@@ -66,10 +88,17 @@ class _GatedCall:
 
     def __init__(self, model: torch.nn.Module, handle: GactHandle) -> None:
         self.plain = _compat.plain_call(model)
-        self.compiled = torch.compile(self.plain, backend=handle.backend)
+        self._compiled = torch.compile(_module_call, backend=handle.backend)
+        self._entry = _compat.run_uncompiled(self._call)  # (made here: it imports Dynamo)
         self.model, self.handle = model, handle
 
     def __call__(self, *args, **kwargs):
+        return self._entry(*args, **kwargs)
+
+    def compiled(self, *args, **kwargs):
+        return self._compiled(self.model, *args, **kwargs)
+
+    def _call(self, *args, **kwargs):
         if not (self.model.training and torch.is_grad_enabled()):
             return self.plain(*args, **kwargs)
         if self.handle.mode == "hooks":
@@ -88,7 +117,7 @@ class _GatedCall:
         handle = self.handle
         breaks = Counter(_compat.graph_break_counts()) - breaks_before
         if breaks:
-            reasons = "; ".join(f"{reason} (x{count})" for reason, count in breaks.most_common(3))
+            reasons = "; ".join(f"{reason.splitlines()[0]} (x{count})" for reason, count in breaks.most_common(3))
             log.warning(
                 "gact: %d graph break(s) in %s; activations of the code between compiled graphs are not "
                 "compressed. Reasons: %s", sum(breaks.values()), handle._model_name, reasons,
@@ -164,10 +193,46 @@ FORMATS = ("html", "dot", "text")
 def _backend_of(target) -> GactBackend:
     if isinstance(target, GactBackend):
         return target
-    handle = getattr(target, ATTRIBUTE, None)
+    handle = getattr(_user_module(target), ATTRIBUTE, None)
     if isinstance(handle, GactHandle):
         return handle.backend
     return backend_of(target)
+
+
+def _user_module(model):
+    """The user's module behind what ``torch.compile`` returned (or ``model`` itself)."""
+    compiled = _compat.compiled_with(model)
+    return compiled[0] if compiled is not None else model
+
+
+def _is_gact(backend) -> bool:
+    from .dynamo_backend import gact_entry_point
+
+    return isinstance(backend, GactBackend) or backend is gact_entry_point
+
+
+def report(model) -> Report:
+    """What gact did to ``model``: a module given to ``compress()`` or to ``torch.compile(...,
+    backend=gact)`` (the compiled module or the original), after a training step.
+
+    If the model trained without anything compressed (torch.compile captured no training
+    graph of it), the report says so and why, instead of raising."""
+    handle = getattr(_user_module(model), ATTRIBUTE, None)
+    if isinstance(handle, GactHandle):
+        return handle.report()
+    try:
+        return backend_of(model).report()
+    except LookupError:
+        compiled = _compat.compiled_with(model)
+        if compiled is None or not _is_gact(compiled[1]):
+            raise
+    breaks = Counter(_compat.graph_break_counts())
+    reasons = "; ".join(f"{reason.splitlines()[0]} (x{count})" for reason, count in breaks.most_common(3))
+    return Report(note=(
+        f"nothing compressed: torch.compile captured no training graph of {type(compiled[0]).__name__}, so it "
+        "trained uncompressed (a step in eval() or under no_grad captures none either). "
+        + (f"Dynamo's graph breaks so far: {reasons}" if reasons else "Dynamo reported no graph break.")
+    ))
 
 
 def _default_loss(output) -> torch.Tensor:
@@ -203,7 +268,8 @@ def visualize(target, *example_inputs, path=None, format: str | None = None, tit
         raise LookupError("no training graph was compiled: run a training step first (or give example inputs)")
     if format == "html":
         sensitivities = {t.slot: t.sensitivity for t in backend.controller.tensors()} if backend.controller else {}
-        text = render_html(report, title=title or f"gact-fx: {type(target).__name__}", sensitivities=sensitivities)
+        name = type(_user_module(target)).__name__ if isinstance(target, torch.nn.Module) else "model"
+        text = render_html(report, title=title or f"gact-fx: {name}", sensitivities=sensitivities)
     elif format == "dot":
         text = render_dot(report)
     else:

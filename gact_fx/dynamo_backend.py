@@ -98,6 +98,7 @@ class GactBackend:
         self.records: list[GraphRecord] = []
         self.registry = SlotRegistry()
         self.controller: GactController | None = _controller_for(self.config)
+        self._announced = False
         _SHARED.live.add(self)
 
     def __repr__(self) -> str:
@@ -121,6 +122,10 @@ class GactBackend:
                 "change the adaptive settings (one budget per controller): use a separate gact_fx.backend(...)"
             )
         records_before = len(self.records)
+        if not self._announced:  # a first step of 30-100 s should not look like a hang
+            self._announced = True
+            log.info("gact: compiling the model with %s (%s); the first step takes longer than the rest",
+                     compiler if compiler == "eager" else "Inductor", _describe(config))
         partitioner = GactPartitioner(
             config, graph_index=records_before, compiler=compiler, on_record=self._add_record,
             allocate_slot=lambda: self.registry.new_site().slot,
@@ -193,6 +198,12 @@ class GactBackend:
         self.records.clear()
 
 
+def _describe(config: GactConfig) -> str:
+    if not config.enabled:
+        return "compression off"
+    return f"adaptive, {config.avg_bits:g} bits on average" if config.adaptive else f"{config.bits} bits"
+
+
 def _controller_settings(config: GactConfig) -> ControllerSettings:
     return ControllerSettings(
         avg_bits=config.avg_bits,
@@ -248,4 +259,8 @@ def backend_of(model: torch.nn.Module) -> GactBackend:
     for backend in list(_SHARED.live):
         if backend.owns(model):
             return backend
-    raise LookupError("no gact backend has compiled a training step of this model (run one step first)")
+    raise LookupError(
+        "no gact backend has compiled a training step of this model: run one training step first. If it did "
+        "train, torch.compile captured no training graph of it: gact_fx.report() of the module torch.compile "
+        "returned says why"
+    )

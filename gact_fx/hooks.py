@@ -20,6 +20,7 @@ import torch
 from ._compat import version_counter
 from .measure import note_saved
 from .passes.plan import encoding_order, layout_of
+from .report import HookStep
 from .runtime import ops as _ops  # noqa: F401  (registers torch.ops.gact)
 from .runtime.reference import FLOAT_DTYPES
 from .runtime.registry import SlotRegistry
@@ -45,6 +46,7 @@ class HookCompressor:
         self.feature_groups = feature_groups
         self._model = model
         self._slot = registry.new_site().slot
+        self.last_step = HookStep(bits)  # what the hooks did in the latest forward (the report's)
 
     def _keep(self, tensor: torch.Tensor, parameters: set[int]) -> bool:
         if tensor.dtype != torch.bool and tensor.dtype not in FLOAT_DTYPES:
@@ -56,6 +58,7 @@ class HookCompressor:
     def _pack(self, tensor: torch.Tensor, parameters: set[int], packed: dict):
         if self._keep(tensor, parameters):
             note_saved(tensor)
+            self.last_step.kept += 1
             return tensor
         # The same tensor saved by two ops (tanh's output for tanh and for the next
         # matmul) is packed once; the version counter tells an in-place change apart.
@@ -68,6 +71,9 @@ class HookCompressor:
             perm = encoding_order(layout, tensor.dtype, self.group_size, self.feature_groups)
             blob = torch.ops.gact.quantize(tensor.detach(), self.bits, self.group_size, list(perm), self._slot)
             note_saved(blob)
+            self.last_step.packed += 1
+            self.last_step.bytes_before += tensor.numel() * tensor.element_size()
+            self.last_step.bytes_after += blob.numel()
             dense_perm = None if perm == layout.perm else layout.perm
             packed[key] = _Packed(blob, tuple(tensor.shape), tensor.dtype, perm, dense_perm)
             weakref.finalize(tensor, packed.pop, key, None)
@@ -86,5 +92,6 @@ class HookCompressor:
         parameters = {p.untyped_storage().data_ptr() for p in self._model.parameters()}
         parameters |= {b.untyped_storage().data_ptr() for b in self._model.buffers()}
         packed: dict = {}
+        self.last_step = HookStep(self.bits)
         with torch.autograd.graph.saved_tensors_hooks(lambda t: self._pack(t, parameters, packed), self._unpack):
             yield self

@@ -10,12 +10,18 @@ deduplicated by storage root, so an alias never counts twice. The totals count w
 the backward holds when the caller keeps only the loss: activations (intermediates,
 graph inputs, and the model outputs the backward saves). Parameters cost nothing extra;
 copies of weights (computed from parameters only) are counted apart.
+
+Rows are named as a user knows them: by module path and function (``blocks.0.fc1:linear``,
+``passes.names``), the FX node beside it. A report can also say that nothing was compiled
+and why (``note``), or describe the saved-tensor hooks of ``compress(..., fallback="hooks")``
+(``HookStep``), which compress without any graph.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -24,6 +30,7 @@ import torch
 from ._compat import hint
 from .config import GactConfig
 from .passes.memory import Timeline
+from .passes.names import tensor_name
 from .passes.plan import COMPRESSIBLE_KINDS, REBUILT_FROM, CompressionPlan, activation_nbytes, layout_of, nbytes_of
 from .passes.saved import SavedGraph, SavedKind
 from .passes.snapshot import GraphView
@@ -52,6 +59,7 @@ class SavedTensorRow:
     use: str = ""  # how the backward consumes it: linear, smooth, exponential (``passes.uses``)
     bits_reason: str = ""  # why it has its bits
     groups: str = ""  # compressed rows: "contiguous" elements or tokens of one "feature" per group
+    label: str = ""  # the name a user knows: module path and function (``passes.names``)
 
     @property
     def is_activation(self) -> bool:
@@ -113,7 +121,7 @@ def _rebuilt_rows(index: int, baseline: SavedGraph, saved: SavedGraph) -> list[S
             graph=index, name=value.node.name, kind=str(value.kind), shape=tuple(layout_of(val).shape),
             dtype=_dtype_name(val), bits=None, stored=f"rebuilt in the backward from {carrier}",
             bytes_before=nbytes_of(val), bytes_after=0, producer=_producer(value.node), source=value.node.name,
-            stored_numel=0,
+            stored_numel=0, label=_label(value.node, index),
         ))
     return rows
 
@@ -142,6 +150,7 @@ def _rows(index: int, saved: SavedGraph, plan: CompressionPlan) -> list[SavedTen
                     use=str(compression.use.use),
                     bits_reason=compression.bits_reason,
                     groups=compression.groups,
+                    label=compression.label,
                 )
             )
             continue
@@ -157,9 +166,18 @@ def _rows(index: int, saved: SavedGraph, plan: CompressionPlan) -> list[SavedTen
                 producer=_producer(root),
                 source=root.name,
                 stored_numel=layout_of(root.meta["val"]).numel if skip.bytes else 0,
+                label=_label(value.node, index),
             )
         )
     return rows
+
+
+def _label(node, graph_index: int) -> str:
+    prefix = f"g{graph_index}/" if graph_index else ""
+    try:
+        return prefix + tensor_name(node)
+    except Exception:  # noqa: BLE001  (a name is a courtesy: never fail a compile over it)
+        return prefix + node.name
 
 
 def _compression_records(plan: CompressionPlan) -> tuple[CompressionRecord, ...]:
@@ -243,11 +261,30 @@ def _in_force(row: SavedTensorRow, bits: Mapping[int, int]) -> SavedTensorRow:
 
 
 @dataclass
+class HookStep:
+    """What the saved-tensor hooks of ``compress(..., fallback="hooks")`` did in the last training step."""
+
+    bits: int
+    packed: int = 0  # tensors compressed
+    kept: int = 0  # saved as they are: parameters and buffers, integer tensors, tensors under min_numel
+    bytes_before: int = 0  # the packed tensors in full precision
+    bytes_after: int = 0  # their blobs
+
+
+@dataclass
 class Report:
-    """A snapshot of the graphs one backend compiled, with the bits in force when it was taken."""
+    """A snapshot of the graphs one backend compiled, with the bits in force when it was taken;
+    or of the hooks that compress a model torch.compile could not capture (``hooks``); or,
+    with no records, why nothing was compressed (``note``)."""
 
     records: list[GraphRecord] = field(default_factory=list)
     bits_in_force: dict[int, int] = field(default_factory=dict)  # slot -> width, adaptive sites
+    hooks: HookStep | None = None
+    note: str = ""
+
+    @property
+    def compressed_anything(self) -> bool:
+        return self.num_compressed > 0 or (self.hooks is not None and self.hooks.packed > 0)
 
     def rows_of(self, record: GraphRecord) -> list[SavedTensorRow]:
         return [_in_force(row, self.bits_in_force) for row in record.rows]
@@ -261,10 +298,14 @@ class Report:
 
     @property
     def activation_bytes_before(self) -> int:
+        if self.hooks is not None:
+            return self.hooks.bytes_before
         return sum(r.baseline_activation_bytes for r in self.records)
 
     @property
     def activation_bytes_after(self) -> int:
+        if self.hooks is not None:
+            return self.hooks.bytes_after
         return sum(self.activation_bytes_after_of(r) for r in self.records)
 
     @property
@@ -289,15 +330,37 @@ class Report:
         reasons = sorted({r.stored for r in rows})
         return line + "; nothing compressed: " + "; ".join(reasons)
 
+    def _hooks_table(self) -> str:
+        step = self.hooks
+        return (
+            f"compressed through saved-tensor hooks at {step.bits} bits (fallback='hooks': torch.compile captured "
+            f"no training graph), in the last step:\n"
+            f"  {step.packed} tensors packed: {format_bytes(step.bytes_before)} -> {format_bytes(step.bytes_after)} "
+            f"({_ratio(step.bytes_before, step.bytes_after)})\n"
+            f"  {step.kept} kept as they are (parameters and buffers, integer tensors, tensors under min_numel)"
+        )
+
     def table(self) -> str:
-        header = f"{'graph':>5} {'saved':<28} {'kind':<18} {'shape':<20} {'dtype':<9} {'bits':>4} {'before':>10} {'after':>10}  stored"
+        """One line per saved activation, named by module path; parameters folded into one line."""
+        if self.hooks is not None:
+            return self._hooks_table()
+        if not self.records:
+            return self.note or "no training graph was compiled"
+        header = f"{'graph':>5} {'tensor':<40} {'FX node':<16} {'shape':<20} {'dtype':<9} {'bits':>4} {'before':>10} {'after':>10}  stored"
         lines = [header]
+        folded = Counter()
         for r in self.rows:
+            if not r.is_activation and not r.is_parameter_copy:
+                folded[r.kind] += 1
+                continue
             bits = "-" if r.bits is None else str(r.bits)
             lines.append(
-                f"{r.graph:>5} {r.name[:28]:<28} {r.kind:<18} {str(list(r.shape))[:20]:<20} {r.dtype:<9} "
+                f"{r.graph:>5} {_clip(r.label or r.name, 40):<40} {r.name[:16]:<16} {str(list(r.shape))[:20]:<20} {r.dtype:<9} "
                 f"{bits:>4} {format_bytes(r.bytes_before):>10} {format_bytes(r.bytes_after):>10}  {r.stored}"
             )
+        if folded:
+            lines.append("also saved, held by the model or not a tensor: "
+                         + ", ".join(f"{count} {kind}" for kind, count in sorted(folded.items())))
         lines.append(
             f"total activations: {format_bytes(self.activation_bytes_before)} -> "
             f"{format_bytes(self.activation_bytes_after)} ({_ratio(self.activation_bytes_before, self.activation_bytes_after)})"
@@ -308,6 +371,11 @@ class Report:
 
     def __str__(self) -> str:
         return self.table()
+
+
+def _clip(text: str, width: int) -> str:
+    """``text`` in ``width`` characters, keeping its end (a module path's last parts and the function)."""
+    return text if len(text) <= width else "..." + text[-(width - 3):]
 
 
 def format_bytes(n: int) -> str:
@@ -329,4 +397,4 @@ def log_record(record: GraphRecord) -> None:
         log.debug("\n%s", report.table())
 
 
-__all__ = ["CompressionRecord", "GraphRecord", "Report", "SavedTensorRow", "SavedKind", "log_record"]
+__all__ = ["CompressionRecord", "GraphRecord", "HookStep", "Report", "SavedTensorRow", "SavedKind", "log_record"]

@@ -95,6 +95,11 @@ def lossy_placeholders(saved: SavedGraph, quantized: Collection[int] | None) -> 
     }
 
 
+# The name of a hoisted value, after the saved value its cone reads (``passes.names``):
+# ``fc1:linear'`` is the derivative of the function applied to ``fc1``'s output.
+_HOISTED_NAMES = {"hoisted_derivative": "{}'", "hoisted_mask": "mask of {}", "hoisted_exp": "exp of {}"}
+
+
 def hoist_nodes(fw, bw, saved: SavedGraph, quantized: Collection[int] | None, targets: list[fx.Node], role: str) -> int:
     """Move each target (with its cone, ``saved_cone``) into the forward and save its
     result instead, if the cone reads a lossy saved value; returns how many moved."""
@@ -122,9 +127,8 @@ def hoist_nodes(fw, bw, saved: SavedGraph, quantized: Collection[int] | None, ta
                     copies[node].meta.pop("autograd_backward", None)
         result = copies[target]
         result.meta["gact"] = {"role": role, "of": target.name}
-        if role == "hoisted_derivative":
-            read = next(copies[arg] for node in cone for arg in node.all_input_nodes if arg in lossy)
-            result.meta["gact"]["name"] = tensor_name(read) + "'"
+        read = next(copies[arg] for node in cone for arg in node.all_input_nodes if arg in lossy)
+        result.meta["gact"]["name"] = _HOISTED_NAMES[role].format(tensor_name(read))
         target.replace_all_uses_with(section.add_tensor(result))
         bw.graph.erase_node(target)
         hoisted += 1

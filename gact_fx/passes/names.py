@@ -55,7 +55,23 @@ def tensor_name(node: fx.Node) -> str:
         suffix = f"[{index}]" if isinstance(index, int) else f"[{path.chain[-1].name}]"
         return tensor_name(path.root) + suffix
     module, function = module_path(node), function_name(node)
+    if node.op == "call_function" and not module_stack(node) and source_function(node) is None:
+        module = _inherited_module_path(node)
     return f"{module}:{function}" if module else function
+
+
+def _inherited_module_path(node: fx.Node, depth: int = 3) -> str:
+    """For a node Dynamo did not trace (made by a decomposition or the partitioner, as
+    ReLU's mask ``le`` of an ``alias`` of its output): the module path of the value it was
+    computed from, through such nodes."""
+    for source in node.all_input_nodes:
+        if module_stack(source) or source_function(source) is not None:  # traced by Dynamo
+            return module_path(source)
+        if depth > 1 and source.op == "call_function":
+            path = _inherited_module_path(source, depth - 1)
+            if path:
+                return path
+    return ""
 
 
 def unique_names(nodes: list[fx.Node], prefix: str = "") -> dict[fx.Node, str]:

@@ -43,6 +43,7 @@ def graph_data(report: Report, record: GraphRecord, sensitivities: dict[int, flo
     rows = [
         {
             "name": row.name,
+            "label": row.label or row.name,
             "source": row.source,
             "kind": row.kind,
             "producer": row.producer,

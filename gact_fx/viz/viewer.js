@@ -62,7 +62,7 @@
   const PARAMETER_KINDS = ["parameter", "view of parameter"];
 
   function renderTable(g) {
-    const columns = [["name", "saved"], ["kind", "kind"], ["producer", "producer"], ["shape", "shape"], ["dtype", "dtype"],
+    const columns = [["label", "tensor"], ["name", "FX node"], ["kind", "kind"], ["producer", "producer"], ["shape", "shape"], ["dtype", "dtype"],
       ["bits", "bits"], ["use", "backward use"], ["why", "why these bits"], ["sensitivity", "sensitivity"],
       ["before", "bytes before"], ["after", "bytes after"], ["stored", "stored"]];
     const table = document.getElementById("saved-table");

@@ -59,13 +59,13 @@ def test_saved_tensors_are_listed_by_bytes_held_with_their_bits_and_parameters_f
     by_bytes = sorted(report.rows, key=lambda r: -r.bytes_before)
     held = [r for r in by_bytes if r.kind not in ("parameter", "view of parameter")]
     assert len(held) < len(report.rows)  # the block saves its weights: there is something to fold
-    assert shown_column(page, "saved") == [r.name for r in held]
+    assert shown_column(page, "FX node") == [r.name for r in held]
     assert shown_column(page, "bits") == ["-" if r.bits is None else str(r.bits) for r in held]
     assert "exponential" in shown_column(page, "backward use")
     page.click("#parameters-toggle")
-    assert shown_column(page, "saved") == [r.name for r in by_bytes]
+    assert shown_column(page, "FX node") == [r.name for r in by_bytes]
     page.click("#parameters-toggle")
-    assert shown_column(page, "saved") == [r.name for r in held]
+    assert shown_column(page, "FX node") == [r.name for r in held]
 
 
 def test_clicking_a_node_shows_its_details(page_and_report):
