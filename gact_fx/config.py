@@ -83,7 +83,7 @@ class GactConfig:
     the adaptive budget."""
 
     group_size: int = 256
-    """Elements sharing one fp32 min and scale: a multiple of 8 from 8 to 4096."""
+    """Elements sharing one fp32 min and scale: a multiple of 16 from 16 to 4096."""
 
     feature_groups: bool = False
     """Form each group from ``group_size`` tokens of one feature (the tensor's innermost

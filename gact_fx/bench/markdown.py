@@ -184,6 +184,10 @@ TABLE_FILES = {
                                    "`THP_MEM_ALLOC_ENABLE=1 benchmarks/kernels.py --skip-steps --numel 33554432 --name "
                                    "kernels_cpu_large_thp`: as above, with torch's CPU allocator asking for transparent "
                                    "huge pages, so that a fresh allocation faults once per 2 MB instead of once per 4 KB."),
+    "static_kernels.json": ("GPU kernels, static: instructions per element against the memory-speed budget",
+                            "`python benchmarks/static_kernels.py`: every variant the CUDA path launches, compiled "
+                            "for sm_90 and read back with cuobjdump on this CPU machine. A static model: the GPU "
+                            "suite's measured kernel table (when a GPU ran it) is the test of it."),
     "gpu_suite.json": ("GPU suite", "`gact-fx bench --gpu-suite`: the GPU tests, the kernels against a device copy, and "
                        "three models against torch.compile."),
 }

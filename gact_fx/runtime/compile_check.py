@@ -20,6 +20,7 @@ launch and target.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import importlib
 import json
@@ -92,7 +93,8 @@ def compile_launch(launch: Launch, arch: int):
     import triton
     from triton.backends.compiler import GPUTarget
 
-    return triton.compile(_source(launch), target=GPUTarget("cuda", arch, 32), options={"num_warps": launch.num_warps})
+    options = {"num_warps": launch.num_warps, "enable_fp_fusion": launch.fp_fusion}
+    return triton.compile(_source(launch), target=GPUTarget("cuda", arch, 32), options=options)
 
 
 def cuobjdump() -> pathlib.Path | None:
@@ -169,18 +171,25 @@ def main(argv=None) -> int:
     parser.add_argument("launches", help="JSON file: a list of recorded launches")
     parser.add_argument("--arch", type=int, nargs="+", default=list(ARCHES), help="compute capabilities, e.g. 80 90")
     parser.add_argument("--sass", action="store_true", help="also read the machine code (cuobjdump)")
+    parser.add_argument("--jobs", type=int, help="compiles at once (default: one a core)")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("compile_check: unset TRITON_INTERPRET: interpreted kernels do not compile", file=sys.stderr)
         return 2
     launches = [Launch.from_json(item) for item in json.loads(pathlib.Path(args.launches).read_text())]
+    jobs = [(launch, arch) for launch in launches for arch in args.arch]
     failed = 0
-    for launch in launches:
-        for arch in args.arch:
-            result = check(launch, arch, read_sass=args.sass)
+    workers = max(1, min(args.jobs or os.cpu_count() or 1, len(jobs)))
+    with concurrent.futures.ProcessPoolExecutor(workers) as pool:  # each compile is single-threaded
+        for result in pool.map(_check_job, jobs, [args.sass] * len(jobs)):
             failed += not result.ok
             print(json.dumps(result.as_json()), flush=True)
     return 1 if failed else 0
+
+
+def _check_job(job: tuple[Launch, int], read_sass: bool) -> CompileResult:
+    launch, arch = job
+    return check(launch, arch, read_sass=read_sass)
 
 
 if __name__ == "__main__":

@@ -175,7 +175,7 @@ inline GroupWords group_words(int L, float lo, float hi, bool flagged, bool has_
   if (has_nan) { lo = NAN; hi = NAN; }
   const int top = L - (flagged ? 1 : 0);
   const float half = hi * 0.5f - lo * 0.5f;
-  float scale = half / ((float)std::max(top, 1) * 0.5f);
+  float scale = half * (2.0f / (float)std::max(top, 1));  // runtime.reference: 2 / top rounded, then one multiply
   if (scale > scale_max) scale = scale_max;
   if (!(scale > 0.0f)) scale = 1.0f;
   const uint32_t rounded = ((bits_of(scale) + 3u) & ~3u) | (uint32_t)std::min(std::max(kind_low, 0), 3);
@@ -469,10 +469,12 @@ void encode_group(const T* src, uint64_t base, int64_t g, int64_t group, int64_t
     return;
   }
 
-  const f8 lo_half = splat(lo * 0.5f), used_half = splat(used * 0.5f), ceiling = splat((float)top), zero = splat(0.0f);
+  // the group's reciprocal, rounded once, as runtime.reference takes it (a multiply an element)
+  const float inverse = 1.0f / (used * 0.5f);
+  const f8 lo_half = splat(lo * 0.5f), inverse8 = splat(inverse), ceiling = splat((float)top), zero = splat(0.0f);
   const auto code_of = [&](f8 a, f8 u) {
     // clamp(floor(t), 0, top) as clamp(t, 0, top) then truncation: equal for every t, NaN -> 0
-    f8 t = (a * 0.5f - lo_half) / used_half + u;
+    f8 t = (a * 0.5f - lo_half) * inverse8 + u;
     t = t > zero ? t : zero;
     t = t < ceiling ? t : ceiling;
     const i8 code = __builtin_convertvector(t, i8);
@@ -481,15 +483,16 @@ void encode_group(const T* src, uint64_t base, int64_t g, int64_t group, int64_t
 #if GACT_SIXTEEN_LANES
   if ((base & 63) == 0 && (group & 63) == 0) {
     // The common case at sixteen lanes: 64 elements a step, two vectors of pair hashes.
-    const f16l lo_half16 = splat16(lo * 0.5f), used_half16 = splat16(used * 0.5f), ceiling16 = splat16((float)top),
+    const f16l lo_half16 = splat16(lo * 0.5f), inverse16 = splat16(inverse), ceiling16 = splat16((float)top),
                zero16 = splat16(0.0f), extreme16 = splat16(dmax);
     // careful: the group holds special values, which take the top code and may lie below the
-    // min, or its scale halved is 0 (subnormal), where 0 / 0 is NaN. Elsewhere t >= 0 and is
-    // never NaN, so the clamp at 0 is left out (5% of quantize), and at 1 bit code 1 is t >= 1.
-    const bool careful = flagged || !(used * 0.5f > 0.0f);
+    // min, or its halved scale's reciprocal is infinite (the scale subnormal), where 0 * inf is
+    // NaN. Elsewhere t >= 0 and is never NaN, so the clamp at 0 is left out (5% of quantize),
+    // and at 1 bit code 1 is t >= 1.
+    const bool careful = flagged || !(inverse < INFINITY);
     const auto encode = [&](auto careful_type) {
       constexpr bool CAREFUL = decltype(careful_type)::value;
-      const auto scaled = [&](f16l a, f16l u) { return (a * 0.5f - lo_half16) / used_half16 + u; };
+      const auto scaled = [&](f16l a, f16l u) { return (a * 0.5f - lo_half16) * inverse16 + u; };
       const auto code16 = [&](f16l a, f16l u) {  // code_of, sixteen lanes at a time
         f16l t = scaled(a, u);
         if constexpr (CAREFUL) {  // as code_of; elsewhere 0 <= t < top + 2, clamped at top as bytes
@@ -900,7 +903,7 @@ void encode_block(const T* x, int64_t N, int64_t C, int64_t t0, int64_t c0, int6
   }
   float* words = reinterpret_cast<float*>(blob);
   const int64_t group_bytes = group * BITS / 8;
-  F lo_half, used_half, ceiling;
+  F lo_half, inverse, ceiling;
   uint8_t* codes[LANES_W];
   bool poison[LANES_W];
   for (int l = 0; l < LANES_W; ++l) {  // each lane's group words, as encode_group writes them
@@ -913,7 +916,7 @@ void encode_block(const T* x, int64_t N, int64_t C, int64_t t0, int64_t c0, int6
     words[groups + g] = stored.lo;
     codes[l] = blob + 8 * groups + g * group_bytes;
     lo_half[l] = stored.lo * 0.5f;
-    used_half[l] = stored.used * 0.5f;
+    inverse[l] = 1.0f / (stored.used * 0.5f);
     ceiling[l] = (float)stored.top;
   }
 
@@ -938,7 +941,7 @@ void encode_block(const T* x, int64_t N, int64_t C, int64_t t0, int64_t c0, int6
       // block ahead: rows a page or more apart defeat the hardware prefetchers (1.1-1.4x).
       if (c0 + LANES_W < C) __builtin_prefetch(src + t * C + 64 / sizeof(T));
       const F u = V::uniforms(hashes[k & 7], k & 8);
-      F v = (a * 0.5f - lo_half) / used_half + u;
+      F v = (a * 0.5f - lo_half) * inverse + u;
       v = v > zero ? v : zero;
       v = v < ceiling ? v : ceiling;
       I code = __builtin_convertvector(v, I);

@@ -26,7 +26,15 @@ permutation (see ``runtime.ops``):
   element. Codes come from stochastic rounding, ``floor((x - min) / scale + u)`` with
   ``u`` from ``runtime.noise``, so ``E[decode] == x``; a constant group stores ``scale =
   1`` and codes 0. Scales and mins are float32 whatever the input dtype, so fp16 ranges
-  cannot overflow.
+  cannot overflow. In float32 arithmetic, rounded as written (every implementation does
+  the same operations, so their blobs agree bit for bit; ``runtime.reference``)::
+
+      half   = max * 0.5 - min * 0.5                 (halved: no overflow for finite inputs)
+      scale  = min(half * (2 / top), SCALE_MAX), or 1 where that is not > 0
+      code   = floor((x * 0.5 - min * 0.5) * (1 / (scale * 0.5)) + u), clamped to 0..top
+
+  with ``2 / top`` and ``1 / (scale * 0.5)`` each rounded once, per group: no division per
+  element.
 
   *Special values* (``SPECIAL_KINDS``): -inf, +inf, and the dtype's extremes
   ``-finfo.max`` / ``+finfo.max`` (attention masks, padding) come back exactly, at
@@ -60,7 +68,7 @@ SPECIAL_KINDS = ("-inf", "+inf", "-max", "+max")  # kind k sits in the low 2 bit
 TOKEN_BYTES = 8
 PASS_THROUGH_BITS = 32
 METADATA_BYTES_PER_GROUP = 8  # float32 scale + float32 min
-MAX_GROUP_SIZE = 4096  # every codec holds a group at once (registers of one GPU program, the CPU codec's buffer)
+MAX_GROUP_SIZE = 4096  # every codec holds a group at once (one GPU program, the CPU codec's buffer)
 _ALIGN = 8
 _TAG_BY_BITS = {1: 1, 2: 2, 3: 6, 4: 3, 8: 4, 32: 5}
 _BITS_BY_TAG = {tag: bits for bits, tag in _TAG_BY_BITS.items()}
@@ -77,10 +85,11 @@ def check_bits(bits: int) -> None:
 
 
 def check_group_size(group_size: int) -> None:
-    if not isinstance(group_size, int) or not 8 <= group_size <= MAX_GROUP_SIZE or group_size % 8:
+    if not isinstance(group_size, int) or not 16 <= group_size <= MAX_GROUP_SIZE or group_size % 16:
         raise ValueError(
-            f"group_size must be a multiple of 8 (so that every group's codes fill whole bytes "
-            f"at 1 bit) from 8 to {MAX_GROUP_SIZE} (one GPU program holds a group), got {group_size!r}"
+            f"group_size must be a multiple of 16 from 16 to {MAX_GROUP_SIZE}, got {group_size!r}: the "
+            "noise pairs elements 16 apart and the GPU kernels take groups a 16-element chunk at a time, "
+            "in one program"
         )
 
 

@@ -7,15 +7,17 @@ bit for bit. ``GACT_FX_KERNELS`` forces one: ``triton`` on any device (with
 (CPU tensors), or ``reference``; unset (``auto``), Triton serves CUDA tensors when it is
 installed and the C++ codec (``runtime.cpu_kernels``) serves CPU tensors when it could
 be compiled. Triton and the C++ codec are loaded on first use, never at import time.
-bool masks take the C++ codec's bit-pack on the CPU and the reference's elsewhere;
-32-bit pass-through is a copy.
+bool masks take the C++ codec's bit-pack on the CPU, Triton's on CUDA, the reference's
+elsewhere; 32-bit pass-through is a copy.
 
 ``encode_permuted`` and ``decode_permuted`` take a tensor in the order of a permutation;
-for the feature-major order of ``feature_groups`` the C++ codec reads and writes the
-source's own layout, where the others need a transposed copy.
+for the feature-major order of ``feature_groups`` the C++ codec and the Triton kernels
+read and write the source's own layout (when its tokens fill whole groups), where the
+reference needs a transposed copy.
 
-A call's noise comes from ``state`` (a site's ``[slot_key, count]`` on the device; the
-caller advances it) or from an explicit ``key`` (``[k0, k1]``).
+A call's noise comes from ``state`` (a site's ``[slot_key, count, ticket]`` on the device)
+or from an explicit ``key`` (``[k0, k1]``). ``count`` counts the call in the state: the
+Triton kernels do it on the device themselves; for the others it is called after encoding.
 """
 
 from __future__ import annotations
@@ -55,7 +57,11 @@ def implementation(tensor: torch.Tensor, bits: int, dtype: torch.dtype | None = 
     choice = _choice()
     on_cpu = tensor.is_cpu
     if (dtype or tensor.dtype) == torch.bool:  # a mask, at 1 bit whatever ``bits``
-        return "cpu" if choice in ("auto", "cpu") and on_cpu and _codec_available() else "reference"
+        if choice in ("auto", "cpu") and on_cpu and _codec_available():
+            return "cpu"
+        if (choice == "triton" or (choice == "auto" and tensor.device.type == "cuda")) and triton_installed():
+            return "triton"
+        return "reference"
     if bits == fmt.PASS_THROUGH_BITS:
         return "reference"
     if choice == "triton":
@@ -92,24 +98,43 @@ def uses_triton(tensor: torch.Tensor, bits: int) -> bool:
     return implementation(tensor, bits) == "triton"
 
 
-def encode(tensor: torch.Tensor, bits: int, group_size: int, *, state=None, key=None) -> torch.Tensor:
-    """Blob of a tensor's elements in row-major order, its noise keyed by a site's ``state`` or by ``key``."""
+@functools.cache
+def _triton_codec():
+    """``runtime.triton_kernels``, imported on first use (it imports Triton)."""
+    from . import triton_kernels
+
+    return triton_kernels
+
+
+def encode(tensor: torch.Tensor, bits: int, group_size: int, *, state=None, key=None, count=None) -> torch.Tensor:
+    """Blob of a tensor's elements in row-major order, its noise keyed by a site's ``state`` or by
+    ``key``; ``count`` (a callable, or None: do not count) counts the call in the site's state."""
     chosen = implementation(tensor, bits)
-    if chosen == "cpu":  # the C++ codec reads any contiguous tensor as the 1-D one it holds
+    if chosen == "triton":
+        triton_kernels = _triton_codec()
+        if tensor.dtype == torch.bool:
+            blob = triton_kernels.pack_mask(tensor.contiguous())
+        else:
+            return triton_kernels.quantize(tensor.reshape(-1).contiguous(), bits, group_size, state=state, key=key,
+                                           count=count is not None)
+    elif chosen == "cpu" and (tensor.dtype == torch.bool or (
+            group_size <= _cpu_codec().MAX_GROUP and tensor.dtype in _cpu_codec().DTYPE_CODES)):
+        # the C++ codec reads any contiguous tensor as the 1-D one it holds
         cpu_kernels = _cpu_codec()
         if tensor.dtype == torch.bool:
-            return cpu_kernels.pack_bool(tensor)
-        if group_size <= cpu_kernels.MAX_GROUP and tensor.dtype in cpu_kernels.DTYPE_CODES:
-            return cpu_kernels.quantize(tensor, bits, group_size, state=state, key=key)
-    flat = tensor.reshape(-1)
-    if chosen == "triton":
-        from . import triton_kernels
-
-        return triton_kernels.quantize(flat.contiguous(), bits, group_size, state=state, key=key)
-    noise = None
-    if flat.dtype != torch.bool and bits != fmt.PASS_THROUGH_BITS and flat.numel():
-        noise = rounding_noise(fmt.num_groups(flat.numel(), group_size), group_size, call_key(state) if key is None else key)
-    return quantize_reference(flat, bits, group_size, noise)
+            blob = cpu_kernels.pack_bool(tensor)
+        else:
+            blob = cpu_kernels.quantize(tensor, bits, group_size, state=state, key=key)
+    else:
+        flat = tensor.reshape(-1)
+        noise = None
+        if flat.dtype != torch.bool and bits != fmt.PASS_THROUGH_BITS and flat.numel():
+            noise = rounding_noise(fmt.num_groups(flat.numel(), group_size), group_size,
+                                   call_key(state) if key is None else key)
+        blob = quantize_reference(flat, bits, group_size, noise)
+    if count is not None:
+        count()
+    return blob
 
 
 def decode(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int, shape=None) -> torch.Tensor:
@@ -119,9 +144,11 @@ def decode(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int, 
     if chosen == "cpu" and dtype != torch.bool:  # written in its final shape (a view costs a microsecond)
         return _cpu_codec().dequantize(blob, numel, dtype, group_size, shape=shape)
     if chosen == "triton":
-        from . import triton_kernels
-
-        flat = triton_kernels.dequantize(blob, numel, dtype, group_size)
+        triton_kernels = _triton_codec()
+        if dtype == torch.bool:
+            flat = triton_kernels.unpack_mask(blob, numel, torch.bool)
+        else:
+            flat = triton_kernels.dequantize(blob, numel, dtype, group_size)
     elif chosen == "cpu":
         flat = _cpu_codec().unpack_bool(blob, numel)
     else:
@@ -131,32 +158,46 @@ def decode(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int, 
 
 def decode_mask(blob: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
     """The ``numel`` values 0 and 1 of ``dtype`` that a bool blob holds."""
-    if dtype == torch.float32 and implementation(blob, 1, dtype=torch.bool) == "cpu":
+    chosen = implementation(blob, 1, dtype=torch.bool)
+    if dtype == torch.float32 and chosen == "cpu":
         return _cpu_codec().unpack_mask(blob, numel)
+    if chosen == "triton":
+        return _triton_codec().unpack_mask(blob, numel, dtype)
     return decode(blob, numel, torch.bool, 8).to(dtype)  # (a mask's blob has no groups)
 
 
 def _transposable(tensor: torch.Tensor, bits: int, tokens: int, features: int, group_size: int,
-                  dtype: torch.dtype) -> bool:
-    if implementation(tensor, bits) != "cpu":
-        return False
-    return _cpu_codec().transposable(tokens, features, group_size, dtype)
+                  dtype: torch.dtype) -> str | None:
+    """Which implementation reads and writes this feature-major matrix in place, if one does."""
+    chosen = implementation(tensor, bits, dtype=dtype)
+    if chosen == "cpu" and _cpu_codec().transposable(tokens, features, group_size, dtype):
+        return "cpu"
+    if chosen == "triton" and _triton_codec().features_in_place(tokens, features, group_size):
+        return "triton"
+    return None
 
 
-def encode_permuted(x: torch.Tensor, perm, bits: int, group_size: int, *, state=None, key=None) -> torch.Tensor:
+def encode_permuted(x: torch.Tensor, perm, bits: int, group_size: int, *, state=None, key=None,
+                    count=None) -> torch.Tensor:
     """Blob of ``x`` taken in the logical order of ``x.permute(perm)``."""
     perm = list(perm)
     if identity(perm):  # the common case, without the torch calls below (a microsecond each)
-        return encode(x, bits, group_size, state=state, key=key)
+        return encode(x, bits, group_size, state=state, key=key, count=count)
     if len(perm) >= 2 and x.stride(perm[0]) == 1:  # (the dimension a feature-major perm takes first is innermost)
         layout = [*perm[1:], perm[0]]  # where perm is feature-major, the layout it is read from
         features = x.shape[perm[0]]
         tokens = x.numel() // max(features, 1)
-        if x.permute(layout).is_contiguous() and _transposable(x, bits, tokens, features, group_size, x.dtype):
-            cpu_kernels = _cpu_codec()
+        in_place = x.permute(layout).is_contiguous() and _transposable(x, bits, tokens, features, group_size, x.dtype)
+        if in_place:
             matrix = x.permute(layout).reshape(tokens, features)  # a view
-            return cpu_kernels.quantize_transposed(matrix, bits, group_size, state=state, key=key)
-    return encode(x.permute(perm), bits, group_size, state=state, key=key)
+            if in_place == "triton":
+                return _triton_codec().quantize_transposed(matrix, bits, group_size, state=state, key=key,
+                                                           count=count is not None)
+            blob = _cpu_codec().quantize_transposed(matrix, bits, group_size, state=state, key=key)
+            if count is not None:
+                count()
+            return blob
+    return encode(x.permute(perm), bits, group_size, state=state, key=key, count=count)
 
 
 def decode_permuted(blob: torch.Tensor, shape, dtype: torch.dtype, group_size: int, perm, layout=None) -> torch.Tensor:
@@ -168,8 +209,9 @@ def decode_permuted(blob: torch.Tensor, shape, dtype: torch.dtype, group_size: i
     if dtype != torch.bool and feature_major(perm, layout):
         features = shape[layout[-1]]
         tokens = numel // max(features, 1)
-        if _transposable(blob, fmt.bits_from_blob_nbytes(blob.numel()), tokens, features, group_size, dtype):
-            cpu_kernels = _cpu_codec()
-            matrix = cpu_kernels.dequantize_transposed(blob, tokens, features, dtype, group_size)
+        in_place = _transposable(blob, fmt.bits_from_blob_nbytes(blob.numel()), tokens, features, group_size, dtype)
+        if in_place:
+            codec = _triton_codec() if in_place == "triton" else _cpu_codec()
+            matrix = codec.dequantize_transposed(blob, tokens, features, dtype, group_size)
             return matrix.view([shape[dim] for dim in layout]).permute(inverse_permutation(layout))
     return arrange(decode(blob, numel, dtype, group_size), shape, perm, layout)

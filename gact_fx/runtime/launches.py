@@ -9,7 +9,7 @@ what ``runtime.compile_check`` compiles for real GPU targets on a machine withou
 the list comes from real runs of the CUDA path (under ``TRITON_INTERPRET=1`` on the
 CPU), never from a list kept by hand.
 
-Recording changes nothing about the launch itself.
+Recording changes nothing about the launch itself (unless asked not to launch at all).
 """
 
 from __future__ import annotations
@@ -37,16 +37,17 @@ class Launch:
     constants: tuple[tuple[str, object], ...]  # constexpr arguments, specialised integers included
     divisible: tuple[str, ...]  # arguments Triton would mark 16-byte divisible (pointers) or divisible by 16
     num_warps: int
+    fp_fusion: bool = False  # whether a * b + c may become one fused multiply-add (gact's kernels: never)
 
     def as_json(self) -> dict:
         return {"kernel": self.kernel, "signature": list(map(list, self.signature)),
                 "constants": list(map(list, self.constants)), "divisible": list(self.divisible),
-                "num_warps": self.num_warps}
+                "num_warps": self.num_warps, "fp_fusion": self.fp_fusion}
 
     @classmethod
     def from_json(cls, data: Mapping) -> Launch:
         return cls(data["kernel"], tuple(map(tuple, data["signature"])), tuple(map(tuple, data["constants"])),
-                   tuple(data["divisible"]), int(data["num_warps"]))
+                   tuple(data["divisible"]), int(data["num_warps"]), bool(data.get("fp_fusion", False)))
 
     def describe(self) -> str:
         """A short name: the kernel and its constants."""
@@ -70,9 +71,16 @@ def _specialise(value) -> tuple[str, bool]:
     raise TypeError(f"cannot record a Triton argument of type {type(value).__name__}")
 
 
+# Constants whose value a GPU launch always takes, whatever the recording machine ran: the
+# kernels' ``INTERPRETED`` picks the interpreter's equivalent of an operation it runs slowly.
+GPU_CONSTANTS = {"INTERPRETED": False}
+
+
 def describe_launch(kernel_name: str, arguments: Mapping[str, object], constants: Mapping[str, object],
                     num_warps: int) -> Launch:
-    """The ``Launch`` of ``kernel_name`` called with ``arguments`` (in the kernel's order) and ``constants``."""
+    """The ``Launch`` of ``kernel_name`` called with ``arguments`` (in the kernel's order) and
+    ``constants``, as a GPU would launch it (``GPU_CONSTANTS``)."""
+    constants = {name: GPU_CONSTANTS.get(name, value) for name, value in constants.items()}
     signature, folded, divisible = [], dict(constants), []
     for name, value in arguments.items():
         if isinstance(value, int) and not isinstance(value, bool) and value == 1:
@@ -88,10 +96,14 @@ def describe_launch(kernel_name: str, arguments: Mapping[str, object], constants
 
 
 class LaunchRecorder:
-    """Collects the distinct launches made while it is active (nested recorders each see them)."""
+    """Collects the distinct launches made while it is active (nested recorders each see them).
 
-    def __init__(self) -> None:
+    ``run=False`` records without launching (the outputs are left unwritten): how the
+    static report lists the variants a GPU would launch, on a machine without one."""
+
+    def __init__(self, *, run: bool = True) -> None:
         self.launches: dict[Launch, int] = {}  # launch -> times seen
+        self.run = run
         self._token: contextvars.Token | None = None
 
     def add(self, launch: Launch) -> None:
@@ -111,10 +123,16 @@ _ACTIVE: contextvars.ContextVar[tuple[LaunchRecorder, ...]] = contextvars.Contex
 
 def launch(kernel, grid: tuple[int, ...], arguments: Mapping[str, object], constants: Mapping[str, object],
            *, num_warps: int) -> None:
-    """Launch a ``@triton.jit`` kernel with keyword arguments, recording it for active recorders."""
+    """Launch a ``@triton.jit`` kernel with keyword arguments, recording it for active recorders.
+
+    Never with fused multiply-adds: the format rounds ``a * b + c`` twice wherever it
+    writes it, and a contraction would change codes at their edges (Triton contracts by
+    default; the interpreter never does, so only the GPU would differ)."""
     recorders = _ACTIVE.get()
     if recorders:
         record = describe_launch(f"{kernel.fn.__module__}.{kernel.fn.__name__}", arguments, constants, num_warps)
         for recorder in recorders:
             recorder.add(record)
-    kernel[grid](**arguments, **constants, num_warps=num_warps)
+        if not all(recorder.run for recorder in recorders):
+            return
+    kernel[grid](**arguments, **constants, num_warps=num_warps, enable_fp_fusion=False)

@@ -18,8 +18,9 @@ of the CPU kernel's quantize. Pairing i with i + 8 (not i + 1) lets eight-lane v
 take two vectors of noise from one vector of hashes without shuffling lanes.
 
 A call's key ``(k0, k1)`` comes from its site's *state*, an int64 tensor ``[slot_key,
-count]`` that lives on the device: ``k0 = slot_key`` and ``k1 = fmix32(count * GOLDEN XOR
-slot_key)``; the call then adds 1 to ``count``. The state is read and advanced on the
+count, ticket]`` that lives on the device: ``k0 = slot_key`` and ``k1 = fmix32(count *
+GOLDEN XOR slot_key)``; the call then adds 1 to ``count`` (``ticket`` lets a Triton kernel's
+last program do it, once all have read ``count``). The state is read and advanced on the
 device, so a CUDA graph replay draws fresh noise, which a seed baked in at capture
 would not. ``slot_key`` mixes the process's base seed (``manual_seed``) with the site's
 index in its backend.

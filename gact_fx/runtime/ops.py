@@ -100,8 +100,8 @@ def quantize(x: torch.Tensor, bits: int, group_size: int, perm: Sequence[int], s
     if bits == RUNTIME_BITS:
         bits = site.runtime_bits()
     state = site.rng_state(x.device)
-    blob = encode_permuted(x, perm, bits, group_size, state=state)
-    site.advance(state)
+    count = None if site.pinned else (lambda: site.advance(state))
+    blob = encode_permuted(x, perm, bits, group_size, state=state, count=count)
     if slot in STASHING.get():
         token = site.registry.new_token()
         flat = x.permute(list(perm)).reshape(-1)

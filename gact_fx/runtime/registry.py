@@ -89,11 +89,12 @@ class Site:
         return self.bits
 
     def rng_state(self, device: torch.device) -> torch.Tensor:
-        """``[slot_key, count]`` (int64) on ``device``: read and advanced there, never on the host."""
+        """``[slot_key, count, ticket]`` (int64) on ``device``: read and advanced there, never on
+        the host (``ticket``: the Triton kernels' count of programs done, 0 between calls)."""
         state = self._states.get(device)
         if state is None:
             key = slot_key(DIRECTORY.base_seed, self.index)
-            state = self._states[device] = torch.tensor([key, 0], dtype=torch.int64, device=device)
+            state = self._states[device] = torch.tensor([key, 0, 0], dtype=torch.int64, device=device)
             if state.is_cpu:  # lives as long as the state it points into, which this site keeps
                 self._host_count = ctypes.c_int64.from_address(state.data_ptr() + state.element_size())
         return state
@@ -107,7 +108,7 @@ class Site:
             # nothing replays device work, and a tracer that records it (make_fx) gets the op
             self._host_count.value += 1
         else:
-            state[1:].add_(1)
+            state[1:2].add_(1)
 
     def next_key(self, device: torch.device) -> torch.Tensor:
         state = self.rng_state(device)
@@ -118,7 +119,7 @@ class Site:
     def reseed(self, base_seed: int) -> None:
         key = slot_key(base_seed, self.index)
         for state in self._states.values():
-            state.copy_(torch.tensor([key, 0], dtype=torch.int64))
+            state.copy_(torch.tensor([key, 0, 0], dtype=torch.int64))
 
     def release_probe(self) -> None:
         self.stash = None

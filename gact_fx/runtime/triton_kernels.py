@@ -1,229 +1,70 @@
-"""Triton kernels for the packed format (``runtime.format``): quantize and dequantize.
+"""The Triton path of the packed format: which kernel serves a call, its shape, its launch.
 
 Imported only when used (``runtime.kernels``): importing it imports Triton. The kernels
-write and read exactly the blob of the torch reference (``runtime.reference``): the same
-per-group fp32 scale word and min, the same special values, code packing and tail
-padding, and the same rounding noise (``runtime.noise``, computed here in uint32
-arithmetic), so a Triton blob equals the reference's bit for bit. The call's key is read
-on the device, from the site's noise state or from an explicit key, never passed as a
-host integer: a CUDA graph replays the launch with the counter's new value.
+(``triton_encode``, ``triton_decode``) write and read exactly the blob of the torch
+reference (``runtime.reference``), bit for bit, with the same rounding noise
+(``runtime.noise``), read on the device from a site's state or from an explicit key: a
+CUDA graph replays a launch with the counter's new value. A quantize keyed by a site's
+state also counts the call there (``count=True``), in the kernel: no extra launch.
 
-Each program handles ``BLOCK`` consecutive groups (``block_shape``), and the grid has one
-program per block: no loop with run-time bounds, which the interpreter of Triton 3.6
-(torch 2.11's) rejects, and which a memory-bound kernel does not need. A group's lanes
-are a power of two (``tl.arange`` takes no other size); for a group size that is not one
-(any multiple of 8 is allowed), the lanes past the group repeat its last element, which
-changes no minimum, maximum or flag, and are never stored. Every launch goes through
-``runtime.launches.launch``, so the compile check (``runtime.compile_check``) can compile
-exactly what ran. Under ``TRITON_INTERPRET=1`` they run on CPU tensors (slowly): that is
-how their semantics are tested without a GPU; compiled Triton accepts less than the
-interpreter does (a module global must be a ``tl.constexpr``, for one), which only the
-compile check shows.
+Groups (a multiple of 16 elements) take the chunked kernels, designed for memory speed;
+feature-major groups (``feature_groups``) whose tokens fill whole groups are read and
+written in the source's own layout. Masks pack and unpack in Triton too.
+
+Every launch goes through ``runtime.launches.launch``, so the compile check
+(``runtime.compile_check``) compiles exactly what ran. Under ``TRITON_INTERPRET=1`` the
+kernels run on CPU tensors (slowly): that is how their semantics are tested without a GPU.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+from dataclasses import dataclass
 
 import torch
 import triton
-import triton.language as tl
 
 from . import format as fmt
 from .launches import launch
-from .reference import SCALE_MAX as _SCALE_MAX
+from .triton_decode import decode_chunked_kernel, decode_features_kernel, pack_mask_kernel, unpack_mask_kernel
+from .triton_encode import encode_chunked_kernel, encode_features_kernel, noise_kernel
 
-SCALE_MAX = tl.constexpr(_SCALE_MAX)  # a plain module float is a NameError in compiled Triton
-ELEMENTS_PER_PROGRAM = 1024  # lanes per program, at least one group's
-
-
-def block_shape(group_size: int) -> tuple[int, int, int]:
-    """``(lanes per group, groups per program, warps)`` for a group size (a multiple of 8)."""
-    lanes = triton.next_power_of_2(group_size)
-    groups = max(1, ELEMENTS_PER_PROGRAM // lanes)
-    warps = max(4, min(16, groups * lanes // 256))  # at most 16 elements a thread: no spills
-    return lanes, groups, warps
-
-
-@triton.jit
-def _fmix32(h):
-    h = h ^ (h >> 16)
-    h = h * 0x85EBCA6B
-    h = h ^ (h >> 13)
-    h = h * 0xC2B2AE35
-    return h ^ (h >> 16)
+# Elements a program holds (4 warps): as many as registers take without spilling, so
+# that a program's fixed costs (the key, the per-group reciprocals, the plain-path test)
+# weigh least. 16-bit inputs fit 128 a thread below 8 bits (64 features of a 256-token block,
+# feature-major); fp32 and 8-bit codes, 64.
+ELEMENTS_PER_PROGRAM = {"narrow": 16384, "wide": 8192}
+MASK_WORDS = 128  # 4096 mask elements a program
+WARPS = 4
+_INT32_LIMIT = 2**31
 
 
-@triton.jit
-def _call_key(key_ptr, FROM_STATE: tl.constexpr):
-    """``(k0, k1)`` as uint32: from a site's ``[slot_key, count]`` state, or a given key."""
-    k0 = (tl.load(key_ptr) & 0xFFFFFFFF).to(tl.uint32)
-    second = (tl.load(key_ptr + 1) & 0xFFFFFFFF).to(tl.uint32)
-    if FROM_STATE:
-        k1 = _fmix32((second * 0x9E3779B1) ^ k0)
-    else:
-        k1 = second
-    return k0, k1
+@dataclass(frozen=True)
+class Shape:
+    """How a kernel takes a group size: 16-element chunks per group, groups per program, warps."""
+
+    chunks: int  # a power of two, padded past the group's own
+    rows: int  # groups (feature-major: features) a program holds
+    general_rows: int  # groups the general path takes at a time
+    warps: int
 
 
-@triton.jit
-def _uniform(k0, k1, offsets):
-    """``runtime.noise.uniform``: one hash per pair of elements i, i + 8, 16 bits each."""
-    pair = (offsets >> 4) * 8 + (offsets & 7)
-    low = (pair & 0xFFFFFFFF).to(tl.uint32)
-    high = (pair >> 32).to(tl.uint32)
-    h = _fmix32((low * 0x9E3779B1) ^ k1 ^ (k0 * 0xC2B2AE35) ^ (high * 0x85EBCA6B))
-    half = (h >> ((offsets & 8) * 2).to(tl.uint32)) & 0xFFFF
-    return (half * 2 + 1).to(tl.float32) * (1.0 / 131072.0)
+def block_shape(group_size: int, rows_needed: int, itemsize: int, bits: int, *, feature_major: bool = False) -> Shape:
+    """The shape for ``rows_needed`` groups (feature-major: features) in all of ``itemsize``-byte
+    elements at ``bits``: a program holds no more rows than that (rounded up to a power of
+    two), so a small tensor is not padded to a program's worth."""
+    fmt.check_group_size(group_size)
+    chunks = triton.next_power_of_2(group_size // 16)
+    narrow = itemsize == 2 and (bits < 8 or feature_major)
+    per_program = ELEMENTS_PER_PROGRAM["narrow" if narrow else "wide"]
+    rows = min(triton.next_power_of_2(max(1, rows_needed)), max(1, per_program // (16 * chunks)))
+    return Shape(chunks, rows, max(1, min(rows, 512 // (16 * chunks))), WARPS)
 
 
-@triton.jit
-def _group_offsets(GROUP: tl.constexpr, LANES: tl.constexpr, BLOCK: tl.constexpr):
-    """``(groups [BLOCK, 1], offsets [BLOCK, LANES], lane_live [1, LANES])`` of this program;
-    lanes past ``GROUP`` point at the group's last element."""
-    lanes = tl.arange(0, LANES)[None, :]
-    groups = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)[:, None]
-    offsets = groups.to(tl.int64) * GROUP + tl.minimum(lanes, GROUP - 1)
-    return groups, offsets, lanes < GROUP
-
-
-@triton.jit
-def _noise_kernel(out_ptr, num_groups, key_ptr, FROM_STATE: tl.constexpr, GROUP: tl.constexpr,
-                  LANES: tl.constexpr, BLOCK: tl.constexpr):
-    k0, k1 = _call_key(key_ptr, FROM_STATE)
-    groups, offsets, lane_live = _group_offsets(GROUP, LANES, BLOCK)
-    tl.store(out_ptr + offsets, _uniform(k0, k1, offsets), mask=(groups < num_groups) & lane_live)
-
-
-@triton.jit
-def _store_packed(row_ptr, codes, live, WIDTH: tl.constexpr, GROUP: tl.constexpr, LANES: tl.constexpr,
-                  BLOCK: tl.constexpr):
-    """Pack [BLOCK, LANES] codes of WIDTH in {1, 2, 4, 8} bits into the bytes at each row's
-    pointer: the bytes of the group's first GROUP lanes."""
-    PER_BYTE: tl.constexpr = 8 // WIDTH
-    shifts = (tl.arange(0, PER_BYTE) * WIDTH)[None, None, :]
-    packed = tl.sum(tl.reshape(codes, (BLOCK, LANES // PER_BYTE, PER_BYTE)) << shifts, axis=2)
-    byte = tl.arange(0, LANES // PER_BYTE)[None, :]
-    tl.store(row_ptr + byte, packed.to(tl.uint8), mask=live & (byte < GROUP // PER_BYTE))
-
-
-@triton.jit
-def _load_packed(row_ptr, live, WIDTH: tl.constexpr, GROUP: tl.constexpr, LANES: tl.constexpr,
-                 BLOCK: tl.constexpr):
-    """The [BLOCK, LANES] codes of WIDTH bits packed at each row's pointer (0 past GROUP)."""
-    PER_BYTE: tl.constexpr = 8 // WIDTH
-    shifts = (tl.arange(0, PER_BYTE) * WIDTH)[None, None, :]
-    byte = tl.arange(0, LANES // PER_BYTE)[None, :]
-    packed = tl.load(row_ptr + byte, mask=live & (byte < GROUP // PER_BYTE), other=0).to(tl.int32)
-    return tl.reshape((packed[:, :, None] >> shifts) & ((1 << WIDTH) - 1), (BLOCK, LANES))
-
-
-@triton.jit
-def _quantize_kernel(
-    x_ptr, blob_ptr, numel, num_groups, key_ptr, dtype_max,
-    FROM_STATE: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, LANES: tl.constexpr, BLOCK: tl.constexpr,
-):
-    BYTES: tl.constexpr = GROUP * BITS // 8
-    LEVELS: tl.constexpr = (1 << BITS) - 1
-    k0, k1 = _call_key(key_ptr, FROM_STATE)
-    words = blob_ptr.to(tl.pointer_type(tl.float32))
-    codes_out = blob_ptr + 8 * num_groups
-    groups, offsets, _ = _group_offsets(GROUP, LANES, BLOCK)
-    live = groups < num_groups
-    inside = offsets < numel
-    last = tl.load(x_ptr + numel - 1).to(tl.float32)
-    x = tl.load(x_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
-    x = tl.where(inside, x, last)  # the tail group repeats the last element
-
-    magnitude = tl.abs(x)
-    infinite = magnitude == float("inf")
-    special = infinite | (magnitude == dtype_max)
-    kind = (x > 0).to(tl.int32) + 2 * (1 - infinite.to(tl.int32))
-    flagged = tl.max(special.to(tl.int32), axis=1)[:, None] == 1
-    only_special = tl.min(special.to(tl.int32), axis=1)[:, None] == 1
-    has_nan = tl.max((x != x).to(tl.int32), axis=1)[:, None] == 1
-    group_min = tl.min(tl.where(special, float("inf"), x), axis=1)[:, None]
-    group_max = tl.max(tl.where(special, float("-inf"), x), axis=1)[:, None]
-    group_min = tl.where(only_special, 0.0, group_min)
-    group_max = tl.where(only_special, 0.0, group_max)
-    group_min = tl.where(has_nan, float("nan"), group_min)  # torch.amin propagates NaN
-    kind_low = tl.min(tl.where(special, kind, 4), axis=1)[:, None]
-    kind_high = tl.max(tl.where(special, kind, -1), axis=1)[:, None]
-    top = LEVELS - flagged.to(tl.int32)
-    half_range = group_max * 0.5 - group_min * 0.5
-    # div_rn: IEEE division, as torch divides (a plain ``/`` may compile to an approximate one)
-    scale = tl.minimum(tl.math.div_rn(half_range, tl.maximum(top, 1).to(tl.float32) * 0.5), SCALE_MAX)
-    scale = tl.where(scale > 0, scale, 1.0)
-    raw = scale.to(tl.int32, bitcast=True)
-    rounded = ((raw + 3) & -4) | tl.minimum(tl.maximum(kind_low, 0), 3)
-    used = tl.where(flagged, rounded.to(tl.float32, bitcast=True), scale)
-    poison = has_nan | (flagged & (kind_low != kind_high)) | (flagged & (top == 0) & (group_max > group_min))
-    word = tl.where(flagged, -used, used)
-    word = tl.where(poison, float("nan"), word)
-
-    normalized = tl.math.div_rn(x * 0.5 - group_min * 0.5, used * 0.5)
-    codes = tl.floor(normalized + _uniform(k0, k1, offsets))
-    codes = tl.minimum(tl.maximum(codes, 0.0), top.to(tl.float32))
-    codes = tl.where(special, LEVELS, codes)
-    codes = tl.where(poison | (codes != codes), 0.0, codes).to(tl.int32)
-    row = codes_out + groups.to(tl.int64) * BYTES
-    if BITS == 3:  # two planes (runtime.format): the low two bits, then the high bit
-        _store_packed(row, codes & 3, live, 2, GROUP, LANES, BLOCK)
-        _store_packed(row + GROUP // 4, codes >> 2, live, 1, GROUP, LANES, BLOCK)
-    else:
-        _store_packed(row, codes, live, BITS, GROUP, LANES, BLOCK)
-    tl.store(words + groups, word, mask=live)
-    tl.store(words + num_groups + groups, group_min, mask=live)
-
-
-@triton.jit
-def _round_to(values, dtype: tl.constexpr):
-    """fp32 to ``dtype``, rounding to nearest even as torch does, NaN kept NaN.
-
-    Done by hand for bf16: the Triton interpreter truncates instead (compiled code
-    rounds to nearest even either way). The rounding carry would turn a NaN whose
-    mantissa is all ones (0x7FFFFFFF, what NVIDIA arithmetic returns for a NaN operand)
-    into -0.0, so NaN takes the canonical bf16 NaN.
-    """
-    if dtype == tl.bfloat16:
-        raw = values.to(tl.uint32, bitcast=True)
-        raw = (raw + 0x7FFF + ((raw >> 16) & 1)) >> 16
-        raw = tl.where(values != values, 0x7FC0, raw)
-        return raw.to(tl.uint16).to(tl.bfloat16, bitcast=True)
-    return values.to(dtype)
-
-
-@triton.jit
-def _dequantize_kernel(
-    blob_ptr, out_ptr, numel, num_groups, dtype_max,
-    BITS: tl.constexpr, GROUP: tl.constexpr, LANES: tl.constexpr, BLOCK: tl.constexpr,
-):
-    BYTES: tl.constexpr = GROUP * BITS // 8
-    LEVELS: tl.constexpr = (1 << BITS) - 1
-    words = blob_ptr.to(tl.pointer_type(tl.float32))
-    codes_in = blob_ptr + 8 * num_groups
-    groups, offsets, lane_live = _group_offsets(GROUP, LANES, BLOCK)
-    live = groups < num_groups
-    word = tl.load(words + groups, mask=live, other=1.0)
-    group_min = tl.load(words + num_groups + groups, mask=live, other=0.0)
-    row = codes_in + groups.to(tl.int64) * BYTES
-    if BITS == 3:
-        low = _load_packed(row, live, 2, GROUP, LANES, BLOCK)
-        codes = low | (_load_packed(row + GROUP // 4, live, 1, GROUP, LANES, BLOCK) << 2)
-    else:
-        codes = _load_packed(row, live, BITS, GROUP, LANES, BLOCK)
-    scale = tl.abs(word)
-    values = codes.to(tl.float32) * scale
-    values = values + group_min
-    kind = scale.to(tl.int32, bitcast=True) & 3
-    extreme = tl.where(kind >= 2, dtype_max, float("inf"))
-    special_value = tl.where((kind & 1) == 1, extreme, -extreme)
-    values = tl.where((word < 0) & (codes == LEVELS), special_value, values)
-    tl.store(out_ptr + offsets, _round_to(values, out_ptr.dtype.element_ty), mask=live & lane_live & (offsets < numel))
-
-
-def _grid(num_groups: int, groups_per_program: int) -> tuple[int]:
-    return (max(1, triton.cdiv(num_groups, groups_per_program)),)
+def interpreted() -> bool:
+    """Whether the kernels run under Triton's interpreter (``TRITON_INTERPRET=1``, read at import)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _key_source(state: torch.Tensor | None, key: torch.Tensor | None) -> tuple[torch.Tensor, bool]:
@@ -239,51 +80,125 @@ def _on_device(tensor: torch.Tensor):
     return contextlib.nullcontext()
 
 
+def _grid(items: int, per_program: int) -> tuple[int]:
+    return (max(1, triton.cdiv(items, per_program)),)
+
+
 def rounding_noise(groups: int, group_size: int, *, state=None, key=None) -> torch.Tensor:
     """The ``(G, group_size)`` noise ``quantize`` draws for a state or key (for tests)."""
     fmt.check_group_size(group_size)
     source, from_state = _key_source(state, key)
     out = torch.empty(groups, group_size, device=source.device, dtype=torch.float32)
-    lanes, block, warps = block_shape(group_size)
+    lanes = triton.next_power_of_2(group_size)
+    rows = max(1, 1024 // lanes)
     with _on_device(out):
-        launch(_noise_kernel, _grid(groups, block), {"out_ptr": out, "num_groups": groups, "key_ptr": source},
-               {"FROM_STATE": from_state, "GROUP": group_size, "LANES": lanes, "BLOCK": block}, num_warps=warps)
+        launch(noise_kernel, _grid(groups, rows), {"out_ptr": out, "num_groups": groups, "key_ptr": source},
+               {"FROM_STATE": from_state, "GROUP": group_size, "LANES": lanes, "BLOCK": rows}, num_warps=WARPS)
     return out
 
 
-def quantize(flat: torch.Tensor, bits: int, group_size: int, *, state=None, key=None) -> torch.Tensor:
-    """Blob of a contiguous 1-D float tensor at ``bits`` in {1, 2, 3, 4, 8}."""
-    fmt.check_group_size(group_size)
+def _new_blob(numel: int, bits: int, group_size: int, itemsize: int, device) -> torch.Tensor:
+    return torch.empty(fmt.float_blob_nbytes(numel, bits, group_size, itemsize), dtype=torch.uint8, device=device)
+
+
+def quantize(flat: torch.Tensor, bits: int, group_size: int, *, state=None, key=None, count: bool = False) -> torch.Tensor:
+    """Blob of a contiguous 1-D float tensor at ``bits`` in {1, 2, 3, 4, 8}; ``count``: advance
+    the site's counter (``state``) in the kernel."""
     source, from_state = _key_source(state, key)
     numel = flat.numel()
     groups = fmt.num_groups(numel, group_size)
-    blob = torch.empty(fmt.float_blob_nbytes(numel, bits, group_size, flat.element_size()), dtype=torch.uint8, device=flat.device)
-    blob[fmt.quantized_body_bytes(numel, bits, group_size) :] = 0  # padding and tag
-    lanes, block, warps = block_shape(group_size)
+    blob = _new_blob(numel, bits, group_size, flat.element_size(), flat.device)
+    shape = block_shape(group_size, groups, flat.element_size(), bits)
     with _on_device(flat):
-        launch(
-            _quantize_kernel, _grid(groups, block),
-            {"x_ptr": flat, "blob_ptr": blob, "numel": numel, "num_groups": groups, "key_ptr": source,
-             "dtype_max": float(torch.finfo(flat.dtype).max)},
-            {"FROM_STATE": from_state, "BITS": bits, "GROUP": group_size, "LANES": lanes, "BLOCK": block},
-            num_warps=warps,
-        )
+        launch(encode_chunked_kernel, _grid(groups, shape.rows),
+               {"x_ptr": flat, "blob_ptr": blob, "numel": numel, "num_groups": groups, "nbytes": blob.numel(),
+                "key_ptr": source, "dtype_max": float(torch.finfo(flat.dtype).max), "token_blocks": 0, "row_stride": 0},
+               {"FROM_STATE": from_state, "ADVANCE": from_state and count, "BITS": bits, "GROUP": group_size,
+                "CHUNKS": shape.chunks, "BLOCK": shape.rows, "PARTIAL": numel % group_size != 0,
+                "WIDE": numel >= _INT32_LIMIT, "FEATURE_MAJOR": False, "GENERAL_ROWS": shape.general_rows,
+                "INTERPRETED": interpreted(), "GENERAL": True},
+               num_warps=shape.warps)
+    return blob
+
+
+def features_in_place(tokens: int, features: int, group_size: int) -> bool:
+    """Whether a [tokens, features] matrix's feature-major groups are read and written in place:
+    its tokens fill whole groups."""
+    return tokens % group_size == 0 and tokens > 0 and features > 0
+
+
+def quantize_transposed(matrix: torch.Tensor, bits: int, group_size: int, *, state=None, key=None,
+                        count: bool = False) -> torch.Tensor:
+    """The blob of ``matrix.t()`` (feature-major groups) from a row-major [tokens, features]
+    matrix, read in place (``features_in_place`` must hold)."""
+    source, from_state = _key_source(state, key)
+    tokens, features = matrix.shape
+    numel = matrix.numel()
+    token_blocks = tokens // group_size
+    blob = _new_blob(numel, bits, group_size, matrix.element_size(), matrix.device)
+    shape = block_shape(group_size, features, matrix.element_size(), bits, feature_major=True)
+    with _on_device(matrix):
+        launch(encode_features_kernel, (token_blocks * triton.cdiv(features, shape.rows),),
+               {"x_ptr": matrix, "blob_ptr": blob, "numel": numel, "num_groups": token_blocks * features,
+                "nbytes": blob.numel(), "key_ptr": source, "dtype_max": float(torch.finfo(matrix.dtype).max),
+                "token_blocks": token_blocks, "row_stride": features},
+               {"FROM_STATE": from_state, "ADVANCE": from_state and count, "BITS": bits, "GROUP": group_size,
+                "CHUNKS": shape.chunks, "BLOCK": shape.rows, "WIDE": numel >= _INT32_LIMIT,
+                "GENERAL_ROWS": shape.general_rows, "INTERPRETED": interpreted(), "GENERAL": True},
+               num_warps=shape.warps)
     return blob
 
 
 def dequantize(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int) -> torch.Tensor:
     """Decode a quantized blob (``bits`` read from its length) into a 1-D tensor."""
-    fmt.check_group_size(group_size)
     bits = fmt.bits_from_blob_nbytes(blob.numel())
     groups = fmt.num_groups(numel, group_size)
     out = torch.empty(numel, dtype=dtype, device=blob.device)
-    lanes, block, warps = block_shape(group_size)
+    shape = block_shape(group_size, groups, 4, bits)  # decoding holds less a thread: 64 elements
     with _on_device(blob):
-        launch(
-            _dequantize_kernel, _grid(groups, block),
-            {"blob_ptr": blob, "out_ptr": out, "numel": numel, "num_groups": groups,
-             "dtype_max": float(torch.finfo(dtype).max)},
-            {"BITS": bits, "GROUP": group_size, "LANES": lanes, "BLOCK": block},
-            num_warps=warps,
-        )
+        launch(decode_chunked_kernel, _grid(groups, shape.rows),
+               {"blob_ptr": blob, "out_ptr": out, "numel": numel, "num_groups": groups,
+                "dtype_max": float(torch.finfo(dtype).max)},
+               {"BITS": bits, "GROUP": group_size, "CHUNKS": shape.chunks, "BLOCK": shape.rows,
+                "PARTIAL": numel % group_size != 0, "WIDE": numel >= _INT32_LIMIT}, num_warps=shape.warps)
+    return out
+
+
+def dequantize_transposed(blob: torch.Tensor, tokens: int, features: int, dtype: torch.dtype,
+                          group_size: int) -> torch.Tensor:
+    """The row-major [tokens, features] matrix whose feature-major blob ``blob`` is."""
+    bits = fmt.bits_from_blob_nbytes(blob.numel())
+    token_blocks = tokens // group_size
+    out = torch.empty(tokens, features, dtype=dtype, device=blob.device)
+    shape = block_shape(group_size, features, out.element_size(), bits, feature_major=True)
+    with _on_device(blob):
+        launch(decode_features_kernel, (token_blocks * triton.cdiv(features, shape.rows),),
+               {"blob_ptr": blob, "out_ptr": out, "num_groups": token_blocks * features,
+                "dtype_max": float(torch.finfo(dtype).max), "token_blocks": token_blocks, "row_stride": features},
+               {"BITS": bits, "GROUP": group_size, "CHUNKS": shape.chunks, "BLOCK": shape.rows,
+                "WIDE": tokens * features >= _INT32_LIMIT}, num_warps=shape.warps)
+    return out
+
+
+def pack_mask(mask: torch.Tensor) -> torch.Tensor:
+    """The 1-bit blob of a bool (or 0/1 uint8) tensor, contiguous."""
+    numel = mask.numel()
+    blob = torch.empty(fmt.bool_blob_nbytes(numel), dtype=torch.uint8, device=mask.device)
+    words = triton.cdiv(numel, 32)
+    per_program = min(MASK_WORDS, triton.next_power_of_2(words))
+    with _on_device(mask):
+        launch(pack_mask_kernel, _grid(words, per_program),
+               {"mask_ptr": mask.reshape(-1), "blob_ptr": blob, "numel": numel, "nbytes": blob.numel()},
+               {"WORDS": per_program}, num_warps=WARPS)
+    return blob
+
+
+def unpack_mask(blob: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """The ``numel`` 0s and 1s of ``dtype`` (bool included) a mask's blob holds."""
+    out = torch.empty(numel, dtype=dtype, device=blob.device)
+    words = triton.cdiv(numel, 32)
+    per_program = min(MASK_WORDS, triton.next_power_of_2(words))
+    with _on_device(blob):
+        launch(unpack_mask_kernel, _grid(words, per_program),
+               {"blob_ptr": blob, "out_ptr": out, "numel": numel}, {"WORDS": per_program}, num_warps=WARPS)
     return out

@@ -72,7 +72,7 @@ CASES = [
     Case("block", (("bits", 2),), torch.bfloat16),
     Case("block", (("bits", 8),), torch.float16),
     Case("block", (("bits", 2), ("feature_groups", True), ("group_size", 32))),
-    Case("block", (("bits", 4), ("group_size", 96))),  # a group size that is not a power of two
+    Case("block", (("bits", 4), ("group_size", 96))),  # not a power of two: chunks padded
     Case("conv", (("bits", 2),)),
     Case("block", (("level", "L2"), ("adapt_interval", 2))),  # run-time bits, probes re-quantize by explicit key
     Case("mlp", (("level", "L2.2"), ("adapt_interval", 2)), torch.bfloat16),
@@ -111,6 +111,22 @@ def _run(case: Case) -> Outcome:
     return Outcome(expected, _gradients(model, inputs, backend, steps, case.dtype), backend)
 
 
+def _full_size_launches():
+    """A GPU launches the kernels with a program's worth of groups, which small models never
+    fill: run each width and dtype once at that size, so the compile check sees those variants."""
+    from gact_fx.runtime import triton_kernels as tk
+    from gact_fx.runtime.noise import key_of
+
+    key = key_of(1, 2, device=DEVICE)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        x = torch.randn(1 << 14, device=DEVICE).to(dtype)
+        for bits in (1, 2, 3, 4, 8):
+            tk.dequantize(tk.quantize(x, bits, 256, key=key), x.numel(), dtype, 256)
+            matrix = x.view(256, 64)
+            tk.dequantize_transposed(tk.quantize_transposed(matrix, bits, 256, key=key), 256, 64, dtype, 256)
+    tk.unpack_mask(tk.pack_mask(torch.rand(1 << 13, device=DEVICE) > 0.5), 1 << 13, torch.float32)
+
+
 @pytest.fixture(scope="module")
 def rehearsal():
     """Every case run through the Triton kernels once, and the launches they made."""
@@ -122,6 +138,7 @@ def rehearsal():
             started = time.perf_counter()
             outcomes[case] = _run(case)
             print(f"{case.name}: {time.perf_counter() - started:.1f} s")
+        _full_size_launches()
     torch._dynamo.reset()
     return outcomes, recorder.launches
 
@@ -176,14 +193,23 @@ def test_the_rehearsal_launched_every_kernel_variant_the_cuda_path_has(rehearsal
     _, launches = rehearsal
     seen = {(launch.kernel.rpartition(".")[2], dict(launch.constants).get("BITS"), launch.signature[0][1])
             for launch in launches}
+    kernels = {kernel for kernel, _, _ in seen}
+    assert kernels == {"encode_chunked_kernel", "decode_chunked_kernel", "encode_features_kernel",
+                       "decode_features_kernel", "pack_mask_kernel", "unpack_mask_kernel"}
     for bits in (1, 2, 3, 4, 8):
-        assert ("_quantize_kernel", bits, "*fp32") in seen and ("_dequantize_kernel", bits, "*u8") in seen
-    quantized_types = {signature for kernel, _, signature in seen if kernel == "_quantize_kernel"}
+        for kernel, source in (("encode_chunked_kernel", "*fp32"), ("decode_chunked_kernel", "*u8"),
+                               ("encode_features_kernel", "*bf16"), ("decode_features_kernel", "*u8")):
+            assert (kernel, bits, source) in seen
+    quantized_types = {signature for kernel, _, signature in seen if kernel == "encode_chunked_kernel"}
     assert {"*fp32", "*bf16", "*fp16"} <= quantized_types
-    key_sources = {dict(launch.constants).get("FROM_STATE") for launch in launches}
-    assert key_sources >= {True, False}  # a site's state, and the probe's explicit key
+    from_state = {dict(launch.constants).get("FROM_STATE") for launch in launches}
+    assert from_state >= {True, False}  # a site's state, and the probe's explicit key
+    advancing = {dict(launch.constants).get("ADVANCE") for launch in launches if "ADVANCE" in dict(launch.constants)}
+    assert advancing == {True, False}  # the state counted in the kernel (never with an explicit key)
     groups = {dict(launch.constants).get("GROUP") for launch in launches}
-    assert 96 in groups
+    assert {96, 256} <= groups
+    blocks = {dict(launch.constants).get("BLOCK") for launch in launches if launch.kernel.endswith("encode_chunked_kernel")}
+    assert 32 in blocks  # a program's worth of 256-element groups, as a GPU runs them
 
 
 def test_every_recorded_launch_compiles_for_sm80_and_sm90(rehearsal, tmp_path):

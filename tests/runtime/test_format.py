@@ -43,9 +43,9 @@ def test_unsupported_bits_are_rejected(bad):
         fmt.check_bits(bad)
 
 
-@pytest.mark.parametrize("bad", [0, 4, 12, 100])
-def test_group_size_must_be_a_multiple_of_8(bad):
-    with pytest.raises(ValueError, match="multiple of 8"):
+@pytest.mark.parametrize("bad", [0, 8, 24, 100, 8192])
+def test_group_size_must_be_a_multiple_of_16_up_to_4096(bad):
+    with pytest.raises(ValueError, match="multiple of 16 from 16 to 4096"):
         fmt.check_group_size(bad)
 
 

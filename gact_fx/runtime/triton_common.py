@@ -1,0 +1,131 @@
+"""The ``@triton.jit`` helpers every gact kernel shares: the noise hash, the call's key, the
+site's counter, the blob's tail, and rounding to 16-bit floats.
+
+Imported only with Triton (``runtime.triton_kernels``). Module-level numbers a kernel reads
+are ``tl.constexpr``: compiled Triton refuses a plain global (the interpreter does not).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .reference import SCALE_MAX as _SCALE_MAX
+
+SCALE_MAX = tl.constexpr(_SCALE_MAX)
+GOLDEN = tl.constexpr(0x9E3779B1)
+M1 = tl.constexpr(0x85EBCA6B)
+M2 = tl.constexpr(0xC2B2AE35)
+
+
+@triton.jit
+def fmix32(h):
+    h = h ^ (h >> 16)
+    h = h * M1
+    h = h ^ (h >> 13)
+    h = h * M2
+    return h ^ (h >> 16)
+
+
+@triton.jit
+def call_key(key_ptr, FROM_STATE: tl.constexpr):
+    """``(k0, k1, count)`` as uint32: from a site's ``[slot_key, count, ticket]`` state, or a
+    given ``[k0, k1]`` key (count then unused)."""
+    k0 = (tl.load(key_ptr) & 0xFFFFFFFF).to(tl.uint32)
+    second = tl.load(key_ptr + 1)
+    low = (second & 0xFFFFFFFF).to(tl.uint32)
+    if FROM_STATE:
+        k1 = fmix32((low * GOLDEN) ^ k0)
+    else:
+        k1 = low
+    return k0, k1, second
+
+
+@triton.jit
+def call_mix(k0, k1):
+    """The part of every element's hash input that is the call's: ``k1 ^ k0 * M2``, with
+    fmix32's first shift applied (it distributes over XOR), so each hash saves an op."""
+    key = k1 ^ (k0 * M2)
+    return key ^ (key >> 16)
+
+
+@triton.jit
+def pair_hash(pair, mixed_key, high_word):
+    """``runtime.noise``'s hash of pair indices (uint32 low words; ``high_word``: the pairs' high
+    word times M1, 0 below 2**32), given ``call_mix``'s key."""
+    return hash_product(pair * GOLDEN ^ high_word, mixed_key)
+
+
+@triton.jit
+def hash_product(g, mixed_key):
+    """``pair_hash`` from ``pair * GOLDEN ^ high_word`` (consecutive pairs: add GOLDEN)."""
+    h = g ^ (g >> 16) ^ mixed_key
+    h = h * M1
+    h = h ^ (h >> 13)
+    h = h * M2
+    return h ^ (h >> 16)
+
+
+@triton.jit
+def uniform_of(half16):
+    """``(2 * half + 1) / 2**17`` for 16-bit halves of a hash, exact in one multiply-add."""
+    return tl.fma(half16.to(tl.uint16).to(tl.float32), 1.0 / 65536.0, 1.0 / 131072.0)
+
+
+@triton.jit
+def uniform(k0, k1, offsets):
+    """``runtime.noise.uniform`` of int64 element indices: one hash per element."""
+    pair = (offsets >> 4) * 8 + (offsets & 7)
+    low = (pair & 0xFFFFFFFF).to(tl.uint32)
+    high = (pair >> 32).to(tl.uint32)
+    h = pair_hash(low, call_mix(k0, k1), high * M1)
+    half = (h >> ((offsets & 8) * 2).to(tl.uint32)) & 0xFFFF
+    return uniform_of(half)
+
+
+@triton.jit
+def advance_counter(key_ptr, count, ADVANCE: tl.constexpr):
+    """Count this call in the site's state: the last program to finish (its ticket says so)
+    writes ``count + 1``, once every program has read ``count``."""
+    if ADVANCE:
+        ticket = tl.atomic_add(key_ptr + 2, 1, sem="acq_rel")
+        if ticket == tl.num_programs(0) - 1:
+            tl.store(key_ptr + 1, count + 1)
+            tl.store(key_ptr + 2, 0)
+
+
+@triton.jit
+def zero_tail(blob_ptr, start, nbytes):
+    """Program 0 zeroes the blob's padding and tag, bytes ``start..nbytes`` (fewer than 16)."""
+    if tl.program_id(0) == 0:
+        offsets = start + tl.arange(0, 16)
+        tl.store(blob_ptr + offsets, tl.zeros([16], dtype=tl.uint8), mask=offsets < nbytes)
+
+
+@triton.jit
+def min_nan(a, b):
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def round_to(values, dtype: tl.constexpr):
+    """fp32 to ``dtype``, rounding to nearest even as torch does, NaN kept NaN.
+
+    Done by hand for bf16: the Triton interpreter truncates instead (compiled code rounds
+    to nearest even either way). The rounding carry would turn a NaN whose mantissa is all
+    ones (0x7FFFFFFF, what NVIDIA arithmetic returns for a NaN operand) into -0.0, so NaN
+    takes the canonical bf16 NaN.
+    """
+    if dtype == tl.bfloat16:
+        raw = values.to(tl.uint32, bitcast=True)
+        raw = (raw + 0x7FFF + ((raw >> 16) & 1)) >> 16
+        raw = tl.where(values != values, 0x7FC0, raw)
+        result = raw.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        result = values.to(dtype)
+    return result

@@ -1,0 +1,64 @@
+"""The GPU kernels' machine code fits the memory-speed budget: read on the CPU.
+
+Every kernel variant the CUDA path launches for a large tensor is compiled for sm_90 and
+read back (``gact_fx.bench.static_kernels``): instructions per element on the quantize
+kernels' plain path and the others' whole code, against the budget an H100 allows (45 an
+element for fp32, 24 for 16-bit; 11 per byte moved for masks), with no register spills.
+Counts belong to one compiler: this checks the Triton that ``constraints.txt`` pins, and
+skips (saying so) under another.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("Triton is not installed (pip install 'gact-fx[triton]')", allow_module_level=True)
+
+import triton  # noqa: E402
+
+CONSTRAINTS = pathlib.Path(__file__).resolve().parents[2] / "constraints.txt"
+BUDGET = {"float32": 45.0, "bfloat16": 24.0, "float16": 24.0}  # issue 32's targets, per element
+
+
+def pinned_triton() -> str | None:
+    found = re.search(r"^triton==([\d.]+)", CONSTRAINTS.read_text(), flags=re.M) if CONSTRAINTS.exists() else None
+    return found.group(1) if found else None
+
+
+@pytest.fixture(scope="module")
+def variants():
+    if triton.__version__ != pinned_triton():
+        pytest.skip(f"instruction counts are checked on the pinned Triton {pinned_triton()}, not {triton.__version__}")
+    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-m", "gact_fx.bench.static_kernels"], capture_output=True, text=True,
+                          env=environment, timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def test_every_variant_compiles_without_spills(variants):
+    kernels = {row["kernel"].rpartition("(")[2].rstrip(")") for row in variants}
+    assert kernels == {"encode_chunked_kernel", "decode_chunked_kernel", "encode_features_kernel",
+                       "decode_features_kernel", "pack_mask_kernel", "unpack_mask_kernel"}
+    assert len(variants) == 3 * 5 * 4 + 3  # dtypes x widths x (quantize, dequantize) x (contiguous, feature) + masks
+    for row in variants:
+        assert not row["error"] and row["sass"] is not None, row
+        assert row["sass"]["spills"] == 0, row["kernel"]
+
+
+def test_every_variant_fits_the_memory_speed_budget(variants):
+    over = []
+    for row in variants:
+        budget = row["budget"] if "mask" in row["kernel"] else BUDGET[row["dtype"]]
+        if row["instructions_per_element"] > budget:
+            over.append(f"{row['kernel']} {row['dtype']} {row['bits']} bits: {row['instructions_per_element']:.1f} > {budget:.0f}")
+    assert not over, "\n".join(over)
