@@ -12,6 +12,7 @@ Markdown table.
 
     python benchmarks/warm_gradient_error.py --task charlm-llama
     python benchmarks/warm_gradient_error.py --task charlm --configs "uniform 2" "L2.2"
+    python benchmarks/warm_gradient_error.py --configs "uniform 2" --group-sizes 256 64
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from tests.helpers import flat_grad, loss_draws, relative_error  # noqa: E402
 _PROBE_ALL = {"probe_tensors": 10_000, "adapt_interval": 10**6}  # every tensor measured once, then frozen
 CONFIGS = {
     "uniform 4": {"bits": 4},
+    "uniform 3": {"bits": 3},
     "uniform 4, feature groups": {"bits": 4, "feature_groups": True},
     "uniform 2": {"bits": 2},
     "uniform 2, feature groups": {"bits": 2, "feature_groups": True},
@@ -79,6 +81,8 @@ def main(argv=None) -> None:
     parser.add_argument("--warmup", type=int, default=300)
     parser.add_argument("--draws", type=int, default=6)
     parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
+    parser.add_argument("--group-sizes", nargs="+", type=int, default=[256],
+                        help="each configuration at each of these group sizes (bytes held include the metadata)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     task = TASKS[args.task]()
@@ -92,9 +96,10 @@ def main(argv=None) -> None:
     print("| configuration | one draw's error | mean's error / averaging floor | one draw's error per parameter "
           "tensor | activations vs fp32 |")
     print("| --- | --- | --- | --- | --- |")
-    for name in args.configs:
+    for config, group_size in [(config, size) for config in args.configs for size in args.group_sizes]:
+        name = config if len(args.group_sizes) == 1 else f"{config}, groups of {group_size}"
         print(f"  {name} ...", file=sys.stderr, flush=True)
-        grads, report = draws(model, batch, task.loss, CONFIGS[name], args.draws)
+        grads, report = draws(model, batch, task.loss, CONFIGS[config] | {"group_size": group_size}, args.draws)
         single = sum(relative_error(g, exact) for g in grads) / len(grads)
         floor = single / len(grads) ** 0.5
         per_tensor = sum(per_parameter_error(g, exact, sizes) for g in grads) / len(grads)

@@ -18,6 +18,7 @@ import importlib.util
 import logging
 import pathlib
 import sys
+import tempfile
 
 log = logging.getLogger("gact_fx")
 
@@ -69,6 +70,12 @@ def viz(args) -> int:
 
 
 def bench(args) -> int:
+    if args.out is None:
+        if args.report_only:
+            print("gact-fx bench: --report-only reads the result files of --out DIR: give it", file=sys.stderr)
+            return 2
+        args.out = tempfile.mkdtemp(prefix="gact-fx-bench-")  # never a checkout's committed results
+        print(f"gact-fx bench: writing to {args.out}", file=sys.stderr)
     if args.gpu_suite:
         from .bench.gpu_suite import main as run_gpu_suite
 
@@ -102,7 +109,7 @@ def main(argv=None) -> int:
     bench_parser.add_argument("--skip-accuracy", action="store_true")
     bench_parser.add_argument("--steps", type=int, help="timed steps per measurement")
     bench_parser.add_argument("--device", choices=("cpu", "cuda"))
-    bench_parser.add_argument("--out", default="benchmarks/results", help="directory for JSON, CSV and figures")
+    bench_parser.add_argument("--out", help="directory for JSON, CSV and figures (default: a new temporary one)")
     bench_parser.add_argument("--markdown", help="report to write (default: OUT/BENCHMARKS.md)")
     bench_parser.add_argument("--report-only", action="store_true", help="measure nothing: write the report from the "
                               "result files already in OUT (e.g. after --gpu-suite)")

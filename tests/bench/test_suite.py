@@ -183,3 +183,18 @@ def test_methods_choose_the_accuracy_runs_which_are_labelled_cpu(tmp_path, monke
     assert json.loads((tmp_path / "accuracy.json").read_text())["meta"]["device"] == "cpu"  # training runs on the CPU
     assert (tmp_path / "elsewhere" / "B.md").exists() and not (tmp_path / "BENCHMARKS.md").exists()
     assert suite.accuracy_methods(None, quick=True)[0].name == "torch.compile"
+
+
+def test_without_out_the_bench_writes_to_a_new_temporary_directory_never_the_checkout(tmp_path, monkeypatch, capsys):
+    from gact_fx import cli
+    from gact_fx.bench import suite
+
+    written = []
+    monkeypatch.chdir(tmp_path)  # where a relative default would land
+    monkeypatch.setattr(suite, "main", lambda args: written.append(args.out) or 0)
+    monkeypatch.setattr(cli.tempfile, "tempdir", str(tmp_path / "temp"))
+    (tmp_path / "temp").mkdir()
+    assert cli.main(["bench", "--quick"]) == 0
+    assert pathlib.Path(written[0]).parent == tmp_path / "temp" and pathlib.Path(written[0]).is_dir()
+    assert cli.main(["bench", "--report-only"]) == 2
+    assert "--report-only" in capsys.readouterr().err and len(written) == 1

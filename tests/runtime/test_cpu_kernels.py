@@ -1,5 +1,7 @@
 """The C++ CPU codec against the torch reference: the same blob and decode, bit for bit."""
 
+import re
+
 import pytest
 import torch
 
@@ -228,3 +230,10 @@ def test_each_input_dtype_has_a_library_of_its_own_that_refuses_the_others():
                                       noise.key_of(1, 2).data_ptr(), 0, 2, float(torch.finfo(torch.float32).max), 1.0,
                                       cpu_kernels.DTYPE_CODES[torch.float32])
     assert status == 2
+
+
+def test_the_signature_table_types_every_export_of_the_cpp_source_with_its_arity():
+    exported = dict(re.findall(r'extern "C" \w+ (gact_\w+)\(([^)]*)\)', cpu_kernels.source()))
+    assert set(exported) == set(cpu_kernels.SIGNATURES)
+    for name, parameters in exported.items():
+        assert len(parameters.split(",")) == len(cpu_kernels.SIGNATURES[name][0]), name
