@@ -23,7 +23,7 @@ from .passes.derivatives import hoist_derivatives
 from .passes.hoist import hoist_comparisons, hoist_exponentials
 from .passes.memory import saved_bytes_timeline
 from .passes.offload import offload_blobs
-from .passes.plan import BitsChooser, Compression, PlanOptions, assign_bits, plan_compression
+from .passes.plan import BitsChoice, BitsChooser, BitsSource, Compression, PlanOptions, assign_bits, plan_compression
 from .passes.rewrite import apply_plan
 from .passes.saved import SavedGraph, find_saved, static_placeholders
 from .passes.snapshot import graph_view
@@ -37,7 +37,7 @@ _GRAPH_PREFIX = re.compile(r"^g\d+/")  # ``label_prefix`` of graphs after the fi
 def bits_chooser(config: GactConfig) -> BitsChooser:
     """Per-tensor overrides first; then run-time bits (adaptive) or the uniform ``bits``."""
 
-    def choose(compression: Compression) -> tuple[int, str]:
+    def choose(compression: Compression) -> BitsChoice:
         # Labels of graphs after the first carry a ``g<index>/`` prefix; a pattern may
         # name the tensor with or without it. A value and its saved derivative
         # (``fc1:linear'``, ``passes.derivatives``) share their patterns: the plan that
@@ -47,10 +47,10 @@ def bits_chooser(config: GactConfig) -> BitsChooser:
         for pattern, bits in config.overrides:
             # A name itself matches before its glob reading: ``qkv:linear[0]`` has brackets.
             if pattern in names or any(fnmatch.fnmatchcase(name, pattern) for name in names):
-                return bits, f"override {pattern!r}"
+                return BitsChoice(bits, f"override {pattern!r}", BitsSource.OVERRIDE)
         if config.adaptive:
-            return RUNTIME_BITS, f"adaptive (average {config.avg_bits:g})"
-        return compression.bits, "uniform"
+            return BitsChoice(RUNTIME_BITS, f"adaptive (average {config.avg_bits:g})", BitsSource.ADAPTIVE)
+        return BitsChoice(compression.bits, "uniform", BitsSource.UNIFORM)
 
     return choose
 
@@ -100,7 +100,7 @@ class GactPartitioner:
         plan = assign_bits(plan, bits_chooser(self.config), estimate_bits=self.config.initial_bits)
         return {
             m.position for c in plan.compressions
-            if c.is_float and c.bits != 32 and (overridden or not c.bits_reason.startswith("override"))
+            if c.is_float and c.bits != 32 and (overridden or c.bits_source != BitsSource.OVERRIDE)
             for m in c.members
         }
 

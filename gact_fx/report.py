@@ -58,6 +58,7 @@ class SavedTensorRow:
     group_size: int | None = None  # compressed rows
     use: str = ""  # how the backward consumes it: linear, smooth, exponential (``passes.uses``)
     bits_reason: str = ""  # why it has its bits
+    bits_source: str = ""  # where they came from: override, adaptive, uniform, floor, mask (``passes.plan.BitsSource``)
     groups: str = ""  # compressed rows: "contiguous" elements or tokens of one "feature" per group
     label: str = ""  # the name a user knows: module path and function (``passes.names``)
 
@@ -88,6 +89,7 @@ class CompressionRecord:
     use_reason: str = ""
     floor: int = 1  # the fewest bits its use allows
     bits_reason: str = ""
+    bits_source: str = ""  # override, adaptive, uniform, floor or mask (``passes.plan.BitsSource``)
     groups: str = "contiguous"  # or "feature": tokens of one feature per group (``feature_groups``)
     carried_numel: int = 0  # elements of saved tensors the backward rebuilds from it (``passes.affine``)
     device: str = "cpu"  # where the tensor lives: its site's noise state is made there at compile time
@@ -95,6 +97,10 @@ class CompressionRecord:
     @property
     def is_float(self) -> bool:
         return self.dtype != "bool"
+
+
+def _source_name(compression) -> str:
+    return compression.bits_source.value if compression.bits_source is not None else ""
 
 
 def _producer(node) -> str:
@@ -149,6 +155,7 @@ def _rows(index: int, saved: SavedGraph, plan: CompressionPlan) -> list[SavedTen
                     group_size=compression.group_size,
                     use=str(compression.use.use),
                     bits_reason=compression.bits_reason,
+                    bits_source=_source_name(compression),
                     groups=compression.groups,
                     label=compression.label,
                 )
@@ -197,6 +204,7 @@ def _compression_records(plan: CompressionPlan) -> tuple[CompressionRecord, ...]
             use_reason=c.use.reason,
             floor=c.floor,
             bits_reason=c.bits_reason,
+            bits_source=_source_name(c),
             groups=c.groups,
             carried_numel=c.carried_numel,
             device=str(c.source.meta["val"].device),

@@ -147,6 +147,12 @@ def test_uniform_overrides():
     by_label = {c.label: c.bits for c in backend.records[0].compressions}
     assert by_label["qkv:linear[2]"] == by_label["fc1:linear'"] == 8 and by_label["gelu"] == 2
     assert backend.controller is None
+    sources = {r.label: r.bits_source for r in backend.report().rows if r.stored == "compressed"}
+    assert sources["qkv:linear[0]"] == "override" and sources["gelu"] == "uniform"
+    plain = gact_fx.backend(bits=2)
+    compiled_grads(model, inputs, plain)
+    sources = {r.label: r.bits_source for r in plain.report().rows if r.stored == "compressed"}
+    assert sources["qkv:linear[0]"] == "floor" and sources["qkv:linear[2]"] == "uniform"  # attention's query: 8 bits
 
 
 def test_adaptive_on_the_inductor_path():

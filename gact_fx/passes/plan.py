@@ -12,6 +12,7 @@ touches a graph: ``rewrite.apply_plan`` does that.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -130,6 +131,7 @@ class Compression:
     use: UseClass = UseClass(Use.LINEAR, "")  # how the backward consumes it (the worst of its members)
     floor: int = 1  # the fewest bits its use allows (``PlanOptions.nonlinear_bits`` for exponential uses)
     bits_reason: str = ""  # why it has its bits (``assign_bits``)
+    bits_source: BitsSource | None = None  # where they came from (``assign_bits``)
     dense_perm: tuple[int, ...] | None = None  # the source's dense order (decoded into), where ``perm`` differs from it
     channels_last: bool = False  # the source is laid out channels-last at run time (``PlanOptions.channels_last``)
     carried_numel: int = 0  # elements of saved tensors the backward rebuilds from it (``passes.affine``)
@@ -190,10 +192,25 @@ class PlanOptions:
     channels_last: bool = False
 
 
-# Chooses the bits of one (float) compression and says why: ``(bits, reason)``. A reason
-# starting with "override" is the user's choice for that tensor: the floor of its use
-# does not apply.
-BitsChooser = Callable[[Compression], tuple[int, str]]
+class BitsSource(str, enum.Enum):
+    """Where a compression's bits came from."""
+
+    OVERRIDE = "override"  # the user's choice for that tensor: the floor of its use does not apply
+    ADAPTIVE = "adaptive"  # run-time bits from the controller
+    UNIFORM = "uniform"  # the config's ``bits``
+    FLOOR = "floor"  # raised to the floor of its use
+    MASK = "mask"  # a bool mask, lossless at 1 bit
+
+
+@dataclass(frozen=True)
+class BitsChoice:
+    bits: int
+    reason: str  # for people: the report's and the viewer's "why"
+    source: BitsSource
+
+
+# Chooses the bits of one (float) compression, and says why and from where.
+BitsChooser = Callable[[Compression], BitsChoice]
 
 
 def _replayable(path: AliasPath) -> bool:
@@ -352,18 +369,22 @@ def assign_bits(plan: CompressionPlan, choose: BitsChooser, estimate_bits: int |
     updated = []
     for compression in plan.compressions:
         if not compression.is_float:
-            updated.append(dataclasses.replace(compression, bits_reason="bool mask: lossless at 1 bit"))
+            updated.append(dataclasses.replace(compression, bits_reason="bool mask: lossless at 1 bit",
+                                               bits_source=BitsSource.MASK))
             continue
-        bits, reason = choose(compression)
-        floor = compression.floor if not reason.startswith("override") else 1
+        choice = choose(compression)
+        bits, reason, source = choice.bits, choice.reason, choice.source
+        floor = compression.floor if source != BitsSource.OVERRIDE else 1
         if floor > 1 and bits != RUNTIME_BITS and bits < floor:
-            bits, reason = floor, f"at least {floor} bits: {compression.use.use} use, {compression.use.reason}"
+            bits, source = floor, BitsSource.FLOOR
+            reason = f"at least {floor} bits: {compression.use.use} use, {compression.use.reason}"
         elif floor > 1 and bits == RUNTIME_BITS:
             reason = f"{reason}, at least {floor} bits: {compression.use.use} use, {compression.use.reason}"
         val = compression.source.meta["val"]
         shown = max(estimate_bits or 1, floor) if bits == RUNTIME_BITS else bits
         after = hint(blob_nbytes(layout_of(val).numel, val.dtype, shown, compression.group_size))
-        updated.append(dataclasses.replace(compression, bits=bits, bytes_after=after, floor=floor, bits_reason=reason))
+        updated.append(dataclasses.replace(compression, bits=bits, bytes_after=after, floor=floor, bits_reason=reason,
+                                           bits_source=source))
     return dataclasses.replace(plan, compressions=tuple(updated))
 
 

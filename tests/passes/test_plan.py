@@ -4,7 +4,7 @@ import itertools
 
 import torch
 
-from gact_fx.passes.plan import PlanOptions, assign_bits, layout_of, plan_compression
+from gact_fx.passes.plan import BitsChoice, BitsSource, PlanOptions, assign_bits, layout_of, plan_compression
 from gact_fx.passes.saved import find_saved
 from gact_fx.runtime import format as fmt
 
@@ -109,7 +109,7 @@ def test_integer_tensors_pass_through():
 def test_compressions_are_labelled_and_bits_assigned_by_label():
     _, plan = plan_for(linear_relu_pair(), label_prefix="g1/")
     assert [c.label for c in plan.compressions] == ["g1/input", "g1/relu"]
-    plan = assign_bits(plan, lambda c: (2, "test") if c.label.endswith("relu") else (c.bits, "test"))
+    plan = assign_bits(plan, lambda c: BitsChoice(2 if c.label.endswith("relu") else c.bits, "test", BitsSource.UNIFORM))
     assert {c.name: c.bits for c in plan.compressions} == {"x": 8, "relu": 2}
     assert plan.compressions[1].bytes_after == fmt.float_blob_nbytes(32 * 64, 2, 64, 4)
 
@@ -122,8 +122,9 @@ def test_an_exponential_use_raises_the_bits_to_the_floor_unless_overridden():
     uses = {x: UseClass(Use.EXPONENTIAL, "exp")}
     plan = plan_compression(saved, PlanOptions(bits=2, group_size=64, min_numel=0, compress_inputs=True, nonlinear_bits=8),
                             allocate_slot=itertools.count().__next__, uses=uses)
-    uniform = assign_bits(plan, lambda c: (c.bits, "uniform"))
+    uniform = assign_bits(plan, lambda c: BitsChoice(c.bits, "uniform", BitsSource.UNIFORM))
     assert {c.name: c.bits for c in uniform.compressions} == {"x": 8, "relu": 2}
     assert "at least 8 bits: exponential use, exp" in uniform.compressions[0].bits_reason
-    chosen = assign_bits(plan, lambda c: (2, "override 'x'"))
+    assert [c.bits_source for c in uniform.compressions] == [BitsSource.FLOOR, BitsSource.UNIFORM]
+    chosen = assign_bits(plan, lambda c: BitsChoice(2, "the user's", BitsSource.OVERRIDE))
     assert {c.name: c.bits for c in chosen.compressions} == {"x": 2, "relu": 2}
