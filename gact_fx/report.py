@@ -31,7 +31,8 @@ from ._compat import hint
 from .config import GactConfig
 from .passes.memory import Timeline
 from .passes.names import tensor_name
-from .passes.plan import COMPRESSIBLE_KINDS, REBUILT_FROM, CompressionPlan, activation_nbytes, layout_of, nbytes_of
+from .passes.plan import (COMPRESSIBLE_KINDS, REBUILT_FROM, CompressionPlan, activation_nbytes, gact_meta, layout_of,
+                          nbytes_of)
 from .passes.saved import SavedGraph, SavedKind
 from .passes.snapshot import GraphView
 from .runtime.format import RUNTIME_BITS
@@ -119,7 +120,7 @@ def _rebuilt_rows(index: int, baseline: SavedGraph, saved: SavedGraph) -> list[S
     still_saved = {v.node for v in saved.values}
     rows = []
     for value in baseline.tensors:
-        carrier = value.node.meta.get(REBUILT_FROM)
+        carrier = gact_meta(value.node).get(REBUILT_FROM)
         if carrier is None or value.node in still_saved:
             continue
         val = value.val

@@ -6,8 +6,8 @@ weight gradient): two tensors of one size, rounded apart, each at the budget's b
 The second is a few elementwise ops away from the first. ``recompute_affine`` stops
 saving it and replays those ops in the backward on the stored first one: the bytes of
 one tensor fewer, which adaptive bits then spend on the one that is left
-(the carrier's node meta ``CARRIES``, read by ``passes.plan``; the report lists the
-rebuilt tensor with its carrier, ``REBUILT_FROM``).
+(the carrier's ``meta["gact"]`` key ``CARRIES``, read by ``passes.plan``; the report lists
+the rebuilt tensor with its carrier, ``REBUILT_FROM``).
 
 Only ops that are affine in the carried tensor are replayed (views; add and sub of, and
 mul and div by, values that do not come from it), so that the rebuilt tensor stays an
@@ -207,8 +207,9 @@ def recompute_affine(
                 local[fw_node] = node
         placeholder.replace_all_uses_with(node)
         section.drop_tensor(rebuild.position)
-        carrier.node.meta[CARRIES] = carrier.node.meta.get(CARRIES, 0) + hint(_numel(entry.fw_node))
-        entry.fw_node.meta[REBUILT_FROM] = carrier.node.name
+        carried = carrier.node.meta.setdefault("gact", {})
+        carried[CARRIES] = carried.get(CARRIES, 0) + hint(_numel(entry.fw_node))
+        entry.fw_node.meta.setdefault("gact", {})[REBUILT_FROM] = carrier.node.name
         log.debug("gact: %s rebuilt in the backward from %s (%d ops)", entry.fw_node.name, carrier.node.name,
                   len(rebuild.chain))
     section.commit()

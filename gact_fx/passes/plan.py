@@ -43,10 +43,16 @@ _SKIP_REASONS = {
 }
 
 
-# Forward node meta left by ``passes.affine``: on a carrier, the elements of the saved
-# tensors rebuilt from it; on a tensor no longer saved, the name of its carrier.
-CARRIES = "gact_carries"
-REBUILT_FROM = "gact_rebuilt_from"
+# Keys of a forward node's ``meta["gact"]`` left by ``passes.affine``: on a carrier, the
+# elements of the saved tensors rebuilt from it; on a tensor no longer saved, the name of
+# its carrier.
+CARRIES = "carries"
+REBUILT_FROM = "rebuilt_from"
+
+
+def gact_meta(node: fx.Node) -> dict:
+    """The node's ``meta["gact"]``: what gact's passes record about it (empty if nothing)."""
+    return node.meta.get("gact", {})
 
 @dataclass(frozen=True)
 class Layout:
@@ -273,7 +279,7 @@ class _Planner:
                 bytes_after=after,
                 use=use,
                 floor=floor,
-                carried_numel=sum(value.node.meta.get(CARRIES, 0) for value, _ in members),
+                carried_numel=sum(gact_meta(value.node).get(CARRIES, 0) for value, _ in members),
             )
         )
 

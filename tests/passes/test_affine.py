@@ -42,7 +42,7 @@ def test_only_the_affine_sibling_is_rebuilt_and_the_backward_computes_the_same()
     assert recompute_affine(fw, bw, saved, static=()) == 1
     after = find_saved(fw, bw, 1)
     assert [v.node.name for v in after.tensors] == ["mm", "mul", "add_1"]  # 3 h + 1 is no longer saved
-    assert fw.graph.find_nodes(op="call_function", target=aten.mm.default)[0].meta["gact_carries"] == 32 * 64
+    assert fw.graph.find_nodes(op="call_function", target=aten.mm.default)[0].meta["gact"]["carries"] == 32 * 64
     rebuilt = [n for n in bw.graph.nodes if n.meta.get("gact", {}).get("role") == "rebuilt"]
     assert [n.target for n in rebuilt] == [aten.mul.Tensor, aten.add.Tensor]
 
