@@ -36,7 +36,7 @@ LEVELS = {
 _LEVEL_FIELDS = {"enabled", "bits", "avg_bits", "offload"}
 # What the adaptive levels also choose unless the caller passes it: groups along each
 # feature's tokens, which ended closer to fp32 at L2.2 on every seed of both character
-# LMs (README, "Accuracy"). ``avg_bits`` given directly keeps the plain defaults.
+# LMs (docs/accuracy.md). ``avg_bits`` given directly keeps the plain defaults.
 ADAPTIVE_LEVEL_DEFAULTS = {"feature_groups": True}
 
 
@@ -51,7 +51,7 @@ class GactConfig:
     """Uniform mode (``avg_bits`` unset): bits per element of every compressed
     floating-point activation: 1, 2, 3, 4, 8, or 32 (pass-through: stored as is). The
     default, GACT's L1, is the lowest width that trained every measured task like fp32
-    (README, "Accuracy")."""
+    (docs/accuracy.md)."""
 
     avg_bits: float | None = None
     """Adaptive mode: the average bits per element the allocation must respect (per
@@ -73,9 +73,8 @@ class GactConfig:
     GACT's total squared error, what plain SGD's step carries, in which the parameters
     with the largest gradients dominate. 'relative' weighs each parameter's error by its
     element count over its squared gradient norm: the noise an Adam-type optimiser's
-    update carries (it divides each gradient by its running RMS). On a Llama char LM at
-    L2.2 it ended closer to fp32 (+3.7% against +5.2%, one seed; BENCHMARKS.md); not yet
-    measured on the other tasks, hence not the default."""
+    update carries (it divides each gradient by its running RMS). Measured on one task
+    only (BENCHMARKS.md), hence not the default."""
 
     overrides: tuple[tuple[str, int], ...] = ()
     """Per-tensor bits: ``{pattern: bits}`` (given as a dict), fnmatch patterns over tensor
