@@ -5,7 +5,8 @@
     python benchmarks/convergence.py --task charlm-llama --steps 1000 --clip-grad-norm 1.0   # as the transformers Trainer
 
 Methods can run in separate processes (``--part NAME`` writes ``convergence_<task>.NAME.json``)
-and be merged (``--merge``), so that two cores train two methods at once. Writes
+and be merged (``--merge``; ``--append`` adds them to the results already there), so that two
+cores train two methods at once. Writes
 benchmarks/results/convergence_<task>.json and .png (the metric, and each run's gradient
 norm against fp32's), and prints a Markdown table: the final metric against fp32, the
 largest ratio of a run's gradient norm to fp32's at the same step, the average bits and
@@ -93,6 +94,8 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--part", help="write convergence_<task>.PART.json only (merge the parts later)")
     parser.add_argument("--merge", nargs="+", metavar="PART", help="merge these parts into convergence_<task>.json")
+    parser.add_argument("--append", action="store_true", help="with --merge: keep the methods already in "
+                        "convergence_<task>.json (a part's method replaces one of the same name)")
     parser.add_argument("--clip-grad-norm", type=float, metavar="NORM",
                         help="clip the gradients' total norm to NORM before each step (results: convergence_<task>_clipNORM, "
                              "0.5 written 0p5)")
@@ -103,6 +106,10 @@ def main(argv=None):
     stem = RESULTS / (f"convergence_{args.task}{clip}" + (f"_seed{args.seed}" if args.seed else ""))
     if args.merge:
         parts = [json.loads(stem.with_suffix(f".{name}.json").read_text()) for name in args.merge]
+        if args.append:
+            kept = json.loads(stem.with_suffix(".json").read_text())
+            merged = {r["method"] for part in parts for r in part["results"]}
+            parts.insert(0, dict(kept, results=[r for r in kept["results"] if r["method"] not in merged]))
         results = [TrainResult(**r) for part in parts for r in part["results"]]
         meta = dict(parts[0]["meta"], command=" and ".join(part["meta"]["command"] for part in parts))
         return write(results, task, stem, meta)

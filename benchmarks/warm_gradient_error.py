@@ -33,6 +33,8 @@ _PROBE_ALL = {"probe_tensors": 10_000, "adapt_interval": 10**6}  # every tensor 
 CONFIGS = {
     "uniform 4": {"bits": 4},
     "uniform 3": {"bits": 3},
+    "uniform 3, attention floor 4": {"bits": 3, "nonlinear_bits": 4},
+    "uniform 2, attention floor 4": {"bits": 2, "nonlinear_bits": 4},
     "uniform 4, feature groups": {"bits": 4, "feature_groups": True},
     "uniform 2": {"bits": 2},
     "uniform 2, feature groups": {"bits": 2, "feature_groups": True},

@@ -25,6 +25,7 @@ METHODS = {
     "L1 (4 bit)": {"level": "L1"},
     "L1.2 (2 bit)": {"level": "L1.2"},
     "3 bit": {"bits": 3},  # L1 and L1.2 at 3 bits (two bit planes)
+    "3 bit, attention floor 4": {"bits": 3, "nonlinear_bits": 4},
     "L1.2, attention floor 4": {"level": "L1.2", "nonlinear_bits": 4},
     "L2 (adaptive 4)": {"level": "L2"},
     "L2.1 (adaptive 3)": {"level": "L2.1"},

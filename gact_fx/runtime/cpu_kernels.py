@@ -22,8 +22,8 @@ It writes exactly the reference's blob, bit for bit (the same float operations, 
 same order; the one fused multiply-add, in the uniforms, is exact). The C++ source is
 ``cpu_codec.cpp`` beside this module (package data); ``SIGNATURES`` types its exports for
 ctypes. It is compiled on first use by Inductor's C++ toolchain (the compiler Inductor
-needs on the CPU anyway), one library per input dtype (smaller than one for all three,
-then cached on disk): no build step at install. If that fails, a warning says so and the
+needs on the CPU anyway), one library per input dtype (each compiles faster than one for
+all three would; then cached on disk): no build step at install. If that fails, a warning says so and the
 reference serves instead.
 float32, bfloat16 and float16 are read as they are (converted to float32 in registers, as
 the reference's arithmetic is float32); decode writes each dtype directly, rounding to
