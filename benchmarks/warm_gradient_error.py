@@ -8,7 +8,7 @@ the gradient is unbiased), and one draw's error per parameter tensor (the root m
 square over tensors of each one's relative error: the noise an Adam-type optimiser's
 update carries, as it divides each gradient by its own scale). Adaptive levels first
 probe every tensor (two calls, not counted). CPU, eager path, 1 thread. Prints a
-Markdown table.
+Markdown table (and writes it to benchmarks/results/NAME.json with ``--name``).
 
     python benchmarks/warm_gradient_error.py --task charlm-llama
     python benchmarks/warm_gradient_error.py --task charlm --configs "uniform 2" "L2.2"
@@ -27,6 +27,7 @@ import gact_fx
 from gact_fx.bench.tasks import TASKS
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from benchmarks._results import save_table  # noqa: E402
 from tests.helpers import flat_grad, loss_draws, relative_error  # noqa: E402
 
 _PROBE_ALL = {"probe_tensors": 10_000, "adapt_interval": 10**6}  # every tensor measured once, then frozen
@@ -85,6 +86,7 @@ def main(argv=None) -> None:
     parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
     parser.add_argument("--group-sizes", nargs="+", type=int, default=[256],
                         help="each configuration at each of these group sizes (bytes held include the metadata)")
+    parser.add_argument("--name", help="also write the table to benchmarks/results/NAME.json (for BENCHMARKS.md)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     task = TASKS[args.task]()
@@ -95,9 +97,9 @@ def main(argv=None) -> None:
     task.loss(model(tokens), targets).backward()
     exact = flat_grad(model)
     sizes = [p.numel() for p in model.parameters() if p.grad is not None]
-    print("| configuration | one draw's error | mean's error / averaging floor | one draw's error per parameter "
-          "tensor | activations vs fp32 |")
-    print("| --- | --- | --- | --- | --- |")
+    lines = ["| configuration | one draw's error | mean's error / averaging floor | one draw's error per parameter "
+             "tensor | activations vs fp32 |", "| --- | --- | --- | --- | --- |"]
+    print("\n".join(lines), flush=True)
     for config, group_size in [(config, size) for config in args.configs for size in args.group_sizes]:
         name = config if len(args.group_sizes) == 1 else f"{config}, groups of {group_size}"
         print(f"  {name} ...", file=sys.stderr, flush=True)
@@ -106,8 +108,11 @@ def main(argv=None) -> None:
         floor = single / len(grads) ** 0.5
         per_tensor = sum(per_parameter_error(g, exact, sizes) for g in grads) / len(grads)
         ratio = report.activation_bytes_before / max(1, report.activation_bytes_after)
-        print(f"| {name} | {single:.3f} | {relative_error(torch.stack(grads).mean(0), exact) / floor:.2f} | "
-              f"{per_tensor:.3f} | {ratio:.1f}x smaller |", flush=True)
+        lines.append(f"| {name} | {single:.3f} | {relative_error(torch.stack(grads).mean(0), exact) / floor:.2f} | "
+                     f"{per_tensor:.3f} | {ratio:.1f}x smaller |")
+        print(lines[-1], flush=True)
+    if args.name:
+        print(f"wrote {save_table(args.name, chr(10).join(lines))}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -184,6 +184,13 @@ TABLE_FILES = {
                                    "`THP_MEM_ALLOC_ENABLE=1 benchmarks/kernels.py --skip-steps --numel 33554432 --name "
                                    "kernels_cpu_large_thp`: as above, with torch's CPU allocator asking for transparent "
                                    "huge pages, so that a fresh allocation faults once per 2 MB instead of once per 4 KB."),
+    "warm_gradient_error_groups.json": ("Gradient error against bytes: widths and group sizes",
+                                        "One draw's gradient error on the Llama after 300 fp32 steps, each width at each "
+                                        "group size; the activation bytes include each group's 8 bytes of metadata and "
+                                        "the attention floors (8 bits)."),
+    "warm_gradient_error_floors.json": ("Gradient error against bytes: attention floors and adaptive levels",
+                                        "As above: uniform widths with attention's floors at 4 bits instead of 8 "
+                                        "(`nonlinear_bits=4`), beside the adaptive levels."),
     "static_kernels.json": ("GPU kernels, static: instructions per element against the memory-speed budget",
                             "`python benchmarks/static_kernels.py`: every variant the CUDA path launches, compiled "
                             "for sm_90 and read back with cuobjdump on this CPU machine. A static model: the GPU "
