@@ -17,15 +17,12 @@ import torch.fx as fx
 
 from ._compat import inductor_lays_out_channels_last, partitioners
 from .config import GactConfig
-from .passes.affine import recompute_affine
-from .passes.attention import recompute_attention_outputs
-from .passes.derivatives import hoist_derivatives
-from .passes.hoist import hoist_comparisons, hoist_exponentials
 from .passes.memory import saved_bytes_timeline
 from .passes.offload import offload_blobs
+from .passes.pipeline import PassContext, Stopwatch, run_section_passes
 from .passes.plan import BitsChoice, BitsChooser, BitsSource, Compression, PlanOptions, assign_bits, plan_compression
 from .passes.rewrite import apply_plan
-from .passes.saved import SavedGraph, find_saved, static_placeholders
+from .passes.saved import SavedGraph, find_saved
 from .passes.snapshot import graph_view
 from .passes.uses import classify_uses
 from .report import GraphRecord
@@ -138,30 +135,23 @@ class GactPartitioner:
             feature_groups=self.config.feature_groups,
             channels_last=self._inductor_runs_the_ops and inductor_lays_out_channels_last(fw),
         )
-        rewrites = (hoist_exponentials, hoist_comparisons)
-        rewrites += (hoist_derivatives,) if self.config.save_derivatives else ()
-        rewrites += (recompute_attention_outputs,) if self.config.recompute_attention else ()
-        for rewrite in rewrites if self.config.enabled else ():
-            if rewrite(fw, bw, saved, self._lossy_positions(bw, saved, options)):
-                saved = find_saved(fw, bw, num_fwd_outputs, static_indices)
-        # A tensor whose bits an override sets keeps them: it is not rebuilt from another.
-        if self.config.enabled and self.config.recompute_affine and recompute_affine(
-            fw, bw, saved, self._lossy_positions(bw, saved, options, overridden=False),
-            static=static_placeholders(fw, static_indices),
-        ):
-            saved = find_saved(fw, bw, num_fwd_outputs, static_indices)
-        plan = plan_compression(saved, options, allocate_slot=self.allocate_slot, uses=_uses(bw, saved))
-        plan = assign_bits(plan, bits_chooser(self.config), estimate_bits=self.config.initial_bits)
+        context = PassContext(fw, bw, num_fwd_outputs, static_indices, saved,
+                              lambda current, overridden: self._lossy_positions(bw, current, options, overridden))
+        runs = run_section_passes(context, self.config)
+        saved, stopwatch = context.saved, Stopwatch(runs)
+        plan = stopwatch.time("plan", lambda: assign_bits(
+            plan_compression(saved, options, allocate_slot=self.allocate_slot, uses=_uses(bw, saved)),
+            bits_chooser(self.config), estimate_bits=self.config.initial_bits))
         record = GraphRecord.build(
             index=self.graph_index, compiler=self.compiler, config=self.config, baseline=baseline, saved=saved, plan=plan
         )
-        apply_plan(fw, bw, saved, plan, masks_as_bytes=self._inductor_runs_the_ops)
+        stopwatch.time("rewrite", lambda: apply_plan(fw, bw, saved, plan, masks_as_bytes=self._inductor_runs_the_ops))
         if self.config.lowering == "aten":
             from .passes.lower_aten import lower_to_aten  # imports Inductor's prims
 
-            lower_to_aten(fw, bw, num_fwd_outputs)
+            stopwatch.time("lower to aten", lambda: lower_to_aten(fw, bw, num_fwd_outputs))
         if self.config.offload:
-            offload_blobs(fw, bw, num_fwd_outputs, static_indices)
+            stopwatch.time("offload", lambda: offload_blobs(fw, bw, num_fwd_outputs, static_indices))
         record.attach_code(before=code_before, after=(fw.code, bw.code))
         final = find_saved(fw, bw, num_fwd_outputs, static_indices)
         record.attach_views(
@@ -170,6 +160,7 @@ class GactPartitioner:
             baseline_timeline=baseline_timeline,
             timeline=saved_bytes_timeline(fw, bw, final),
         )
+        record.passes = tuple(runs)
         record.pass_seconds = time.perf_counter() - started
         self.on_record(record)
         return fw, bw

@@ -227,7 +227,8 @@ class GraphRecord:
     parameter_copy_bytes: int = 0  # weights' copies the backward holds (not activations; not compressed)
     code_before: tuple[str, str] = ("", "")
     code_after: tuple[str, str] = ("", "")
-    pass_seconds: float = 0.0
+    pass_seconds: float = 0.0  # all of gact's work on the graph, after the stock partitioner
+    passes: tuple = ()  # ``passes.pipeline.PassRun``: each pass and stage in order, its time and what it changed
     parameters: list = field(default_factory=list)  # weak references to the graph's parameters
     forward_view: GraphView | None = None  # the graphs as gact left them (plain data)
     backward_view: GraphView | None = None

@@ -64,6 +64,7 @@ def graph_data(report: Report, record: GraphRecord, sensitivities: dict[int, flo
         "index": record.index,
         "compiler": record.compiler,
         "summary": report.summary_of(record),
+        "passes": [run.describe() for run in record.passes],
         "before": record.baseline_activation_bytes,
         "after": report.activation_bytes_after_of(record),
         "rows": rows,

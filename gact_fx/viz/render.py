@@ -19,7 +19,7 @@ _PAGE = """<!DOCTYPE html>
 <section id="timeline"><h2>Activations held for backward, node by node</h2>
 <div class="legend"><span><i class="swatch" style="background:#9aa4b5"></i>without gact</span>
 <span><i class="swatch" style="background:#e0245e"></i>with gact</span><span id="peaks" class="muted"></span></div>
-<svg></svg><div id="graph-summary" class="muted"></div></section>
+<svg></svg><div id="graph-summary" class="muted"></div><div id="graph-passes" class="muted"></div></section>
 <section><h2>Saved tensors, by the bytes they hold</h2><button id="parameters-toggle"></button>
 <div class="table-wrap"><table id="saved-table"></table></div></section>
 <section><h2>Forward (top) and backward (bottom) graphs; saved-activation edges in red</h2>
@@ -111,4 +111,6 @@ def render_text(report: Report) -> str:
                 f"graph {record.index}: peak held for backward {format_bytes(record.baseline_timeline.peak)} without gact, "
                 f"{format_bytes(record.timeline.peak)} with gact"
             )
+        if record.passes:
+            lines.append(f"graph {record.index} passes: " + "; ".join(run.describe() for run in record.passes))
     return "\n".join(lines) + "\n"

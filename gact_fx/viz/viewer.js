@@ -257,6 +257,7 @@
     for (const button of document.querySelectorAll("#tabs button")) button.classList.toggle("active", Number(button.dataset.graph) === index);
     const g = currentGraph();
     document.getElementById("graph-summary").textContent = g.summary;
+    document.getElementById("graph-passes").textContent = g.passes.length ? "Passes: " + g.passes.join("; ") : "";
     renderTimeline(g); renderTable(g); renderGraph(g); renderModules(g);
     search(document.getElementById("search").value);
   }
