@@ -54,6 +54,7 @@ def gact_meta(node: fx.Node) -> dict:
     """The node's ``meta["gact"]``: what gact's passes record about it (empty if nothing)."""
     return node.meta.get("gact", {})
 
+
 @dataclass(frozen=True)
 class Layout:
     """Hinted sizes and strides of a tensor, and the dimension order that makes it dense."""
@@ -112,7 +113,7 @@ def nbytes_of(val: torch.Tensor) -> int:
 
 def node_nbytes(node: fx.Node) -> int:
     """Bytes of a graph value: a blob's from the plan, whose shape may be unbacked."""
-    return node.meta.get("gact", {}).get("nbytes") or nbytes_of(node.meta["val"])
+    return gact_meta(node).get("nbytes") or nbytes_of(node.meta["val"])
 
 
 @dataclass(frozen=True)
