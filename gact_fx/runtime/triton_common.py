@@ -1,5 +1,5 @@
 """The ``@triton.jit`` helpers every gact kernel shares: the noise hash, the call's key, the
-site's counter, the blob's tail, and rounding to 16-bit floats.
+site's counter, a program's groups, the blob's tail, and rounding to 16-bit floats.
 
 Imported only with Triton (``runtime.triton_kernels``). Module-level numbers a kernel reads
 are ``tl.constexpr``: compiled Triton refuses a plain global (the interpreter does not).
@@ -92,6 +92,28 @@ def advance_counter(key_ptr, count, ADVANCE: tl.constexpr):
         if ticket == tl.num_programs(0) - 1:
             tl.store(key_ptr + 1, count + 1)
             tl.store(key_ptr + 2, 0)
+
+
+@triton.jit
+def program_groups(start, ROWS: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr):
+    """Groups ``start..start+ROWS`` of this program's block of BLOCK contiguous groups."""
+    groups = tl.program_id(0) * BLOCK + start + tl.arange(0, ROWS)
+    if WIDE:
+        groups = groups.to(tl.int64)
+    return groups
+
+
+@triton.jit
+def program_features(start, ROWS: tl.constexpr, BLOCK: tl.constexpr, token_blocks, WIDE: tl.constexpr):
+    """Feature-major: a program takes BLOCK features of one token block, and group
+    ``f * token_blocks + b`` holds feature ``f``'s tokens of block ``b`` (the blob's order).
+    ``(group ids, features, token block)`` of its features ``start..start+ROWS``."""
+    pid = tl.program_id(0)
+    token_block = pid % token_blocks
+    features = (pid // token_blocks) * BLOCK + start + tl.arange(0, ROWS)
+    if WIDE:
+        features = features.to(tl.int64)
+    return features * token_blocks + token_block, features, token_block
 
 
 @triton.jit

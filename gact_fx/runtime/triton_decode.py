@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_common import round_to, zero_tail
+from .triton_common import program_features, program_groups, round_to, zero_tail
 
 
 @triton.jit
@@ -30,6 +30,14 @@ def special_values(codes, word, dtype_max, LEVELS: tl.constexpr):
     extreme = tl.where(kind >= 2, dtype_max, float("inf"))
     value = tl.where((kind & 1) == 1, extreme, -extreme)
     return (word < 0) & (codes == LEVELS), value
+
+
+@triton.jit
+def _with_special_values(va, vb, ca, cb, word, dtype_max, LEVELS: tl.constexpr):
+    """Both halves' values with each flagged group's code ``LEVELS`` replaced by its special value."""
+    special_a, value_a = special_values(ca, word, dtype_max, LEVELS)
+    special_b, value_b = special_values(cb, word, dtype_max, LEVELS)
+    return tl.where(special_a, value_a, va), tl.where(special_b, value_b, vb)
 
 
 @triton.jit
@@ -74,9 +82,7 @@ def decode_chunked_kernel(
 ):
     LEVELS: tl.constexpr = (1 << BITS) - 1
     BYTES: tl.constexpr = GROUP * BITS // 8
-    g1 = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    if WIDE:
-        g1 = g1.to(tl.int64)
+    g1 = program_groups(0, BLOCK, BLOCK, WIDE)
     row_live = g1 < num_groups
     words = blob_ptr.to(tl.pointer_type(tl.float32))
     word = tl.load(words + g1, mask=row_live, other=1.0)[:, None, None]
@@ -89,10 +95,7 @@ def decode_chunked_kernel(
     va = ca.to(tl.float32) * scale + group_min  # (a NaN word, a poisoned group, decodes to NaN)
     vb = cb.to(tl.float32) * scale + group_min
     if tl.min(word) < 0:  # a group with special values: code LEVELS is its special value
-        special_a, value_a = special_values(ca, word, dtype_max, LEVELS)
-        special_b, value_b = special_values(cb, word, dtype_max, LEVELS)
-        va = tl.where(special_a, value_a, va)
-        vb = tl.where(special_b, value_b, vb)
+        va, vb = _with_special_values(va, vb, ca, cb, word, dtype_max, LEVELS)
     first = g1[:, None, None] * GROUP + chunk[:, :, None] * 16 + j
     keep = live[:, :, None]
     dtype = out_ptr.dtype.element_ty
@@ -134,12 +137,7 @@ def decode_features_kernel(
     each thread a chunk's 16 tokens of a few features, written along the features."""
     LEVELS: tl.constexpr = (1 << BITS) - 1
     BYTES: tl.constexpr = GROUP * BITS // 8
-    pid = tl.program_id(0)
-    token_block = pid % token_blocks
-    features1 = (pid // token_blocks) * BLOCK + tl.arange(0, BLOCK)
-    if WIDE:
-        features1 = features1.to(tl.int64)
-    g1 = features1 * token_blocks + token_block
+    g1, features1, token_block = program_features(0, BLOCK, BLOCK, token_blocks, WIDE)
     features = features1[:, None]
     chunk = tl.arange(0, CHUNKS)[None, :]
     live = (features < row_stride) & (chunk < GROUP // 16)
@@ -184,10 +182,7 @@ def decode_features_kernel(
         va = ca.to(tl.float32) * scale + group_min
         vb = cb.to(tl.float32) * scale + group_min
         if any_special:
-            special_a, value_a = special_values(ca, word, dtype_max, LEVELS)
-            special_b, value_b = special_values(cb, word, dtype_max, LEVELS)
-            va = tl.where(special_a, value_a, va)
-            vb = tl.where(special_b, value_b, vb)
+            va, vb = _with_special_values(va, vb, ca, cb, word, dtype_max, LEVELS)
         tl.store(out_ptr + (token + j) * row_stride + features, round_to(va, dtype), mask=live)
         tl.store(out_ptr + (token + 8 + j) * row_stride + features, round_to(vb, dtype), mask=live)
 

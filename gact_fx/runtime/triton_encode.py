@@ -25,8 +25,8 @@ import triton
 import triton.language as tl
 
 from .triton_common import (
-    GOLDEN, M1, SCALE_MAX, advance_counter, call_key, call_mix, hash_product, max_nan, min_nan, pair_hash, uniform,
-    uniform_of, zero_tail,
+    GOLDEN, M1, SCALE_MAX, advance_counter, call_key, call_mix, hash_product, max_nan, min_nan, pair_hash,
+    program_features, program_groups, uniform, uniform_of, zero_tail,
 )
 
 SMALLEST_PLAIN_SCALE = tl.constexpr(2.0**-125)  # scale / 2 still normal: the rounding bounds hold
@@ -225,28 +225,6 @@ def _load_halves_features(x_ptr, features, token_block, row_stride, GROUP: tl.co
 
 
 @triton.jit
-def program_groups(start, ROWS: tl.constexpr, BLOCK: tl.constexpr, token_blocks,
-                   FEATURE_MAJOR: tl.constexpr, WIDE: tl.constexpr):
-    """This program's groups ``start..start+ROWS`` of its block: ``(group ids, features, token
-    block)``. Feature-major, a program takes BLOCK features of one token block, and group
-    ``f * token_blocks + b`` holds feature ``f``'s tokens of block ``b`` (the blob's order)."""
-    pid = tl.program_id(0)
-    if FEATURE_MAJOR:
-        token_block = pid % token_blocks
-        features = (pid // token_blocks) * BLOCK + start + tl.arange(0, ROWS)
-        if WIDE:
-            features = features.to(tl.int64)
-        groups = features * token_blocks + token_block
-    else:
-        token_block = 0
-        groups = pid * BLOCK + start + tl.arange(0, ROWS)
-        if WIDE:
-            groups = groups.to(tl.int64)
-        features = groups
-    return groups, features, token_block
-
-
-@triton.jit
 def _halves_noise(g1, mixed_key, GROUP: tl.constexpr, CHUNKS: tl.constexpr, WIDE: tl.constexpr):
     """The uniforms of both halves: one pair hash serves element ``16c + j`` and ``16c + 8 + j``."""
     chunk = tl.arange(0, CHUNKS)[None, :, None]
@@ -272,16 +250,6 @@ def _store_groups(blob_ptr, g1, num_groups, word, group_min, ca, cb,
 
 
 @triton.jit
-def _load_program_halves(x_ptr, g1, features, token_block, numel, num_groups, row_stride,
-                         GROUP: tl.constexpr, CHUNKS: tl.constexpr, PARTIAL: tl.constexpr, FEATURE_MAJOR: tl.constexpr):
-    if FEATURE_MAJOR:
-        xa, xb, live = _load_halves_features(x_ptr, features, token_block, row_stride, GROUP, CHUNKS)
-    else:
-        xa, xb, live = _load_halves(x_ptr, g1, numel, num_groups, GROUP, CHUNKS, PARTIAL)
-    return xa, xb, live
-
-
-@triton.jit
 def _encode_general(blob_ptr, rows, num_groups, ya, yb, mixed_key, dtype_max, LEVELS: tl.constexpr,
                     BITS: tl.constexpr, GROUP: tl.constexpr, CHUNKS: tl.constexpr, ROWS: tl.constexpr,
                     WIDE: tl.constexpr):
@@ -297,43 +265,54 @@ def _encode_general(blob_ptr, rows, num_groups, ya, yb, mixed_key, dtype_max, LE
 
 
 @triton.jit
+def _scale_and_plain(low, high, dtype_max, LEVELS: tl.constexpr):
+    """Each group's scale from its NaN-propagating min and max, and whether it takes the
+    plain path: no special value, no NaN (NaN compares false), a scale whose rounding bounds hold."""
+    scale = tl.minimum((high * 0.5 - low * 0.5) * scale_factor(LEVELS), SCALE_MAX)
+    scale = tl.where(scale > 0, scale, 1.0)
+    plain = (tl.abs(low) < dtype_max) & (tl.abs(high) < dtype_max)
+    return scale, plain & (scale >= SMALLEST_PLAIN_SCALE) & (scale < SCALE_MAX)
+
+
+@triton.jit
+def _half_distance(x, half_low, FP32: tl.constexpr):
+    """``x * 0.5 - min * 0.5`` rounded as the reference rounds it: twice for fp32 inputs; a
+    16-bit input's ``x * 0.5`` is exact (none is a float32 subnormal that halving rounds), so
+    one multiply-add gives the same result."""
+    if FP32:
+        result = x * 0.5 - half_low
+    else:
+        result = tl.fma(x, 0.5, -half_low)
+    return result
+
+
+@triton.jit
 def encode_chunked_kernel(
-    x_ptr, blob_ptr, numel, num_groups, nbytes, key_ptr, dtype_max, token_blocks, row_stride,
+    x_ptr, blob_ptr, numel, num_groups, nbytes, key_ptr, dtype_max,
     FROM_STATE: tl.constexpr, ADVANCE: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr,
     CHUNKS: tl.constexpr, BLOCK: tl.constexpr, PARTIAL: tl.constexpr, WIDE: tl.constexpr,
-    FEATURE_MAJOR: tl.constexpr, GENERAL_ROWS: tl.constexpr, INTERPRETED: tl.constexpr, GENERAL: tl.constexpr = True,
+    GENERAL_ROWS: tl.constexpr, INTERPRETED: tl.constexpr, GENERAL: tl.constexpr = True,
 ):
-    """Contiguous groups of a 1-D tensor, or (``FEATURE_MAJOR``) groups along the tokens of
-    each feature of a row-major [tokens, ``row_stride``] matrix, tokens a multiple of GROUP
-    (``token_blocks`` = tokens / GROUP), read in place. ``GENERAL=False`` leaves the general
-    path out: for counting the plain path's instructions (``runtime.compile_check``), never launched.
+    """Contiguous groups of a 1-D tensor. ``GENERAL=False`` leaves the general path out: for
+    counting the plain path's instructions (``runtime.compile_check``), never launched.
     ``INTERPRETED``: running under ``TRITON_INTERPRET`` (see ``nan_min``)."""
     LEVELS: tl.constexpr = (1 << BITS) - 1
     k0, k1, count = call_key(key_ptr, FROM_STATE)
     mixed_key = call_mix(k0, k1)
-    g1, features, token_block = program_groups(0, BLOCK, BLOCK, token_blocks, FEATURE_MAJOR, WIDE)
-    xa, xb, live = _load_program_halves(x_ptr, g1, features, token_block, numel, num_groups, row_stride,
-                                        GROUP, CHUNKS, PARTIAL, FEATURE_MAJOR)
+    g1 = program_groups(0, BLOCK, BLOCK, WIDE)
+    xa, xb, live = _load_halves(x_ptr, g1, numel, num_groups, GROUP, CHUNKS, PARTIAL)
     xa = xa.to(tl.float32)
     xb = xb.to(tl.float32)
     low = reduce_min_nan(xa, xb, INTERPRETED)
     high = reduce_max_nan(xa, xb, INTERPRETED)
-    scale = tl.minimum((high * 0.5 - low * 0.5) * scale_factor(LEVELS), SCALE_MAX)
-    scale = tl.where(scale > 0, scale, 1.0)
-    plain = (tl.abs(low) < dtype_max) & (tl.abs(high) < dtype_max)  # no special value, no NaN (NaN compares false)
-    plain = plain & (scale >= SMALLEST_PLAIN_SCALE) & (scale < SCALE_MAX)
+    scale, plain = _scale_and_plain(low, high, dtype_max, LEVELS)
     if (not GENERAL) or tl.min(tl.where(live, plain, True).to(tl.int32)) == 1:
         ua, ub = _halves_noise(g1, mixed_key, GROUP, CHUNKS, WIDE)
         inverse = tl.math.div_rn(1.0, scale * 0.5)
         half_low = low * 0.5
-        if x_ptr.dtype.element_ty == tl.float32:
-            da = xa * 0.5 - half_low
-            db = xb * 0.5 - half_low
-        else:  # x * 0.5 is exact for every 16-bit input (none is a float32 subnormal that halving rounds)
-            da = tl.fma(xa, 0.5, -half_low)
-            db = tl.fma(xb, 0.5, -half_low)
-        ca = (da * inverse + ua).to(tl.int32)  # >= 0: truncation is floor
-        cb = (db * inverse + ub).to(tl.int32)
+        FP32: tl.constexpr = x_ptr.dtype.element_ty == tl.float32
+        ca = (_half_distance(xa, half_low, FP32) * inverse + ua).to(tl.int32)  # >= 0: truncation is floor
+        cb = (_half_distance(xb, half_low, FP32) * inverse + ub).to(tl.int32)
         if BITS == 8:  # below 8 bits the rounding bounds keep codes under LEVELS + 1
             ca = tl.minimum(ca, LEVELS)
             cb = tl.minimum(cb, LEVELS)
@@ -341,10 +320,8 @@ def encode_chunked_kernel(
     else:  # a program holding a special value, a NaN or an extreme scale: the format in full,
         # a few groups at a time (the whole block at once would spill registers)
         for part in range(BLOCK // GENERAL_ROWS):
-            rows, row_features, _ = program_groups(part * GENERAL_ROWS, GENERAL_ROWS, BLOCK, token_blocks,
-                                                   FEATURE_MAJOR, WIDE)
-            ya, yb, _ = _load_program_halves(x_ptr, rows, row_features, token_block, numel, num_groups, row_stride,
-                                             GROUP, CHUNKS, PARTIAL, FEATURE_MAJOR)
+            rows = program_groups(part * GENERAL_ROWS, GENERAL_ROWS, BLOCK, WIDE)
+            ya, yb, _ = _load_halves(x_ptr, rows, numel, num_groups, GROUP, CHUNKS, PARTIAL)
             _encode_general(blob_ptr, rows, num_groups, ya, yb, mixed_key, dtype_max, LEVELS, BITS, GROUP, CHUNKS,
                             GENERAL_ROWS, WIDE)
     zero_tail(blob_ptr, 8 * num_groups + num_groups * (GROUP * BITS // 8), nbytes)
@@ -377,7 +354,7 @@ def encode_features_kernel(
     LEVELS: tl.constexpr = (1 << BITS) - 1
     k0, k1, count = call_key(key_ptr, FROM_STATE)
     mixed_key = call_mix(k0, k1)
-    g1, features1, token_block = program_groups(0, BLOCK, BLOCK, token_blocks, True, WIDE)
+    g1, features1, token_block = program_features(0, BLOCK, BLOCK, token_blocks, WIDE)
     features = features1[:, None]
     groups = g1[:, None]
     live = features < row_stride
@@ -389,13 +366,11 @@ def encode_features_kernel(
         high = max_nan(high, x)
     low = nan_min(low, 1, INTERPRETED)
     high = nan_max(high, 1, INTERPRETED)
-    scale = tl.minimum((high * 0.5 - low * 0.5) * scale_factor(LEVELS), SCALE_MAX)
-    scale = tl.where(scale > 0, scale, 1.0)
-    plain = (tl.abs(low) < dtype_max) & (tl.abs(high) < dtype_max)
-    plain = plain & (scale >= SMALLEST_PLAIN_SCALE) & (scale < SCALE_MAX)
+    scale, plain = _scale_and_plain(low, high, dtype_max, LEVELS)
     if (not GENERAL) or tl.min(tl.where(live, plain, True).to(tl.int32)) == 1:
         inverse = tl.math.div_rn(1.0, scale * 0.5)
         half_low = low * 0.5
+        FP32: tl.constexpr = x_ptr.dtype.element_ty == tl.float32
         chunk = tl.arange(0, CHUNKS)[None, :]
         pair0 = groups * (GROUP // 2) + chunk * 8
         if WIDE:
@@ -415,14 +390,8 @@ def encode_features_kernel(
             h = hash_product(product0 + ((j * GOLDEN) & 0xFFFFFFFF), mixed_key)
             xa = _feature_tokens(x_ptr, features, token_block, row_stride, j, GROUP, CHUNKS).to(tl.float32)
             xb = _feature_tokens(x_ptr, features, token_block, row_stride, j + 8, GROUP, CHUNKS).to(tl.float32)
-            if x_ptr.dtype.element_ty == tl.float32:
-                da = xa * 0.5 - half_low
-                db = xb * 0.5 - half_low
-            else:  # x * 0.5 is exact for every 16-bit input
-                da = tl.fma(xa, 0.5, -half_low)
-                db = tl.fma(xb, 0.5, -half_low)
-            ca = (da * inverse + uniform_of(h)).to(tl.int32)
-            cb = (db * inverse + uniform_of(h >> 16)).to(tl.int32)
+            ca = (_half_distance(xa, half_low, FP32) * inverse + uniform_of(h)).to(tl.int32)
+            cb = (_half_distance(xb, half_low, FP32) * inverse + uniform_of(h >> 16)).to(tl.int32)
             if BITS == 8:  # bytes 0-3 of each half in one word, bytes 4-7 in another
                 if j < 4:
                     word_a = word_a + (tl.minimum(ca, LEVELS) << (8 * j))
@@ -462,7 +431,7 @@ def encode_features_kernel(
         tl.store(words_ptr + num_groups + g1, group_min, mask=features1 < row_stride)
     else:  # the format in full, a few features at a time, through the contiguous kernel's helpers
         for part in range(BLOCK // GENERAL_ROWS):
-            rows, row_features, _ = program_groups(part * GENERAL_ROWS, GENERAL_ROWS, BLOCK, token_blocks, True, WIDE)
+            rows, row_features, _ = program_features(part * GENERAL_ROWS, GENERAL_ROWS, BLOCK, token_blocks, WIDE)
             ya, yb, _ = _load_halves_features(x_ptr, row_features, token_block, row_stride, GROUP, CHUNKS)
             _encode_general(blob_ptr, rows, num_groups, ya, yb, mixed_key, dtype_max, LEVELS, BITS, GROUP, CHUNKS,
                             GENERAL_ROWS, WIDE)

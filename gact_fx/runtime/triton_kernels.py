@@ -112,10 +112,10 @@ def quantize(flat: torch.Tensor, bits: int, group_size: int, *, state=None, key=
     with _on_device(flat):
         launch(encode_chunked_kernel, _grid(groups, shape.rows),
                {"x_ptr": flat, "blob_ptr": blob, "numel": numel, "num_groups": groups, "nbytes": blob.numel(),
-                "key_ptr": source, "dtype_max": float(torch.finfo(flat.dtype).max), "token_blocks": 0, "row_stride": 0},
+                "key_ptr": source, "dtype_max": float(torch.finfo(flat.dtype).max)},
                {"FROM_STATE": from_state, "ADVANCE": from_state and count, "BITS": bits, "GROUP": group_size,
                 "CHUNKS": shape.chunks, "BLOCK": shape.rows, "PARTIAL": numel % group_size != 0,
-                "WIDE": numel >= _INT32_LIMIT, "FEATURE_MAJOR": False, "GENERAL_ROWS": shape.general_rows,
+                "WIDE": numel >= _INT32_LIMIT, "GENERAL_ROWS": shape.general_rows,
                 "INTERPRETED": interpreted(), "GENERAL": True},
                num_warps=shape.warps)
     return blob
