@@ -137,14 +137,14 @@ class _GatedCall:
                         "runs the plain forward (fallback='hooks')", handle._model_name)
             return
         handle.hooks = HookCompressor(
-            self.model, registry=handle.backend.registry, bits=config.initial_bits, group_size=config.group_size,
-            min_numel=config.min_numel, feature_groups=config.feature_groups,
+            self.model, registry=handle.backend.registry, bits=config.initial_bits, group_size=config.core.group_size,
+            min_numel=config.core.min_numel, feature_groups=config.core.feature_groups,
         )
         log.warning(
             "gact: torch.compile captured no training graph of %s, so this step ran uncompressed; "
             "from the next step activations are compressed through saved-tensor hooks at %d bits "
             "(fallback='hooks')%s", handle._model_name, config.initial_bits,
-            "; adaptive bits need the compiled path, so every tensor gets the same width" if config.adaptive else "",
+            "; adaptive bits need the compiled path, so every tensor gets the same width" if config.is_adaptive else "",
         )
 
     def _nothing_compiled_error(self) -> GactCompileError:

@@ -44,8 +44,9 @@ from torch.autograd.graph import GradientEdge
 
 from . import _compat
 from .allocation import AllocationProblem, quantization_variance, solve
-from .runtime.noise import fmix32
-from .runtime.registry import EXACT, Requantize, Site, stashing
+from .config import AdaptiveConfig
+from .runtime.probe import fresh_key, stashing
+from .runtime.registry import Site
 from .schedule import GradientMonitor, ProbeSchedule, read_floats
 
 log = logging.getLogger("gact_fx")
@@ -114,17 +115,8 @@ class Region:
         return self.schedule.next_call
 
 
-@dataclass(frozen=True)
-class ControllerSettings:
-    avg_bits: float
-    adapt_interval: int
-    probe_bits: int
-    probe_tensors: int
-    gradient_metric: str = "absolute"  # ``config.GactConfig.gradient_metric``
-
-
 class GactController:
-    def __init__(self, settings: ControllerSettings) -> None:
+    def __init__(self, settings: AdaptiveConfig) -> None:
         self.settings = settings
         self.regions: dict[int, Region] = {}
         self._pending_state: dict | None = None
@@ -295,7 +287,7 @@ class GactController:
 
     def _measure(self, region, targets, outs: list[GradientEdge], grads: list[torch.Tensor], wrt) -> bool:
         """Measure the targets' sensitivities; False when no output received a gradient."""
-        if not outs or any(t.site.stash is None for t in targets):
+        if not outs or not all(t.site.probe.kept for t in targets):
             return False
 
         def gradient() -> list[torch.Tensor | None]:
@@ -306,15 +298,15 @@ class GactController:
 
         bits = self.settings.probe_bits
         for target in targets:
-            target.site.substitute = EXACT
+            target.site.probe.exact()
         self._measuring = True
         try:
             exact = gradient()
             weights = error_weights(exact, self.settings.gradient_metric)
             for target in targets:
-                target.site.substitute = Requantize(bits, _fresh_key(target.site))
+                target.site.probe.requantized(bits, fresh_key(target.site.registry.new_token(), target.site.index))
                 squared = weighted_error(gradient(), exact, weights)
-                target.site.substitute = EXACT  # the step's own backward then uses exact values
+                target.site.probe.exact()  # the step's own backward then uses exact values
                 target.sensitivity = squared / quantization_variance(bits) if math.isfinite(squared) else math.inf
         finally:
             self._measuring = False
@@ -443,12 +435,6 @@ def _floats(values: Sequence[torch.Tensor | None]) -> list[float | None]:
 def _release(targets: Sequence[TrackedTensor]) -> None:
     for target in targets:
         target.site.release_probe()
-
-
-def _fresh_key(site: Site) -> tuple[int, int]:
-    """A key no forward call uses, for the probe's re-quantization."""
-    token = site.registry.new_token()
-    return fmix32(token ^ 0x5BD1E995), fmix32(site.index ^ fmix32(token))
 
 
 def _gradient_targets(args) -> list[torch.Tensor]:

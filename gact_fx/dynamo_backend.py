@@ -20,7 +20,7 @@ import torch
 
 from . import _compat
 from .config import GactConfig
-from .controller import ControllerSettings, GactController, TrackedTensor
+from .controller import GactController, TrackedTensor
 from .partitioner import GactPartitioner
 from .report import GraphRecord, Report, log_record
 from .runtime.format import RUNTIME_BITS
@@ -107,16 +107,16 @@ class GactBackend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs, *, options=None, mode=None):
         _SHARED.last_used = self
         config = self.config.updated(options) if options else self.config
-        compiler = resolve_compiler(config.compiler, example_inputs, config.lowering)
-        if config.adaptive and mode in CUDA_GRAPH_MODES:
+        compiler = resolve_compiler(config.compile.compiler, example_inputs, config.compile.lowering)
+        if config.is_adaptive and mode in CUDA_GRAPH_MODES:
             raise ValueError(
                 f"gact: mode={mode!r} captures CUDA graphs, which replay kernels without running Python, and "
                 "adaptive bits (avg_bits, levels L2.x) set widths and probe from Python at every call; use "
                 "uniform bits (bits=..., levels L1.x) with CUDA graphs, or the default mode"
             )
-        if config.adaptive and self.controller is None:
+        if config.is_adaptive and self.controller is None:
             self.controller = _controller_for(config)
-        elif config.adaptive and self.controller.settings != _controller_settings(config):
+        elif config.is_adaptive and self.controller.settings != config.adaptive:
             raise ValueError(
                 f"this backend's controller runs with {self.controller.settings}; per-call options cannot "
                 "change the adaptive settings (one budget per controller): use a separate gact_fx.backend(...)"
@@ -134,7 +134,7 @@ class GactBackend:
         # the controller's registration. No donated buffers in adaptive mode: the probe runs
         # the backward again with retain_graph=True, which donated buffers forbid.
         patches = {"enable_autograd_cache": False}
-        if config.adaptive:
+        if config.is_adaptive:
             patches["donated_buffer"] = False
         if compiler == "eager" and mode not in (None, "default"):
             log.warning("gact: mode=%r has no effect with compiler='eager'", mode)
@@ -155,7 +155,7 @@ class GactBackend:
         record = self.records[-1]
         self._prepare_sites(record)
         record.parameters = [weakref.ref(t) for t in example_inputs if isinstance(t, torch.nn.Parameter)]
-        if config.adaptive:
+        if config.is_adaptive:
             region = self.controller.add_region(record.index, self._tracked_tensors(record, config.initial_bits))
             compiled = self.controller.wrap(region, compiled)
         return compiled
@@ -201,21 +201,13 @@ class GactBackend:
 def _describe(config: GactConfig) -> str:
     if not config.enabled:
         return "compression off"
-    return f"adaptive, {config.avg_bits:g} bits on average" if config.adaptive else f"{config.bits} bits"
-
-
-def _controller_settings(config: GactConfig) -> ControllerSettings:
-    return ControllerSettings(
-        avg_bits=config.avg_bits,
-        adapt_interval=config.adapt_interval,
-        probe_bits=config.probe_bits,
-        probe_tensors=config.probe_tensors,
-        gradient_metric=config.gradient_metric,
-    )
+    if config.is_adaptive:
+        return f"adaptive, {config.adaptive.avg_bits:g} bits on average"
+    return f"{config.core.bits} bits"
 
 
 def _controller_for(config: GactConfig) -> GactController | None:
-    return GactController(_controller_settings(config)) if config.adaptive else None
+    return GactController(config.adaptive) if config.is_adaptive else None
 
 
 def _compile_eager(gm, example_inputs, partitioner):

@@ -41,12 +41,12 @@ def bits_chooser(config: GactConfig) -> BitsChooser:
         # decides whether the derivative is saved sees the value under its own name.
         names = {compression.label, _GRAPH_PREFIX.sub("", compression.label)}
         names |= {name.removesuffix("'") for name in names} | {name.removesuffix("'") + "'" for name in names}
-        for pattern, bits in config.overrides:
+        for pattern, bits in config.core.overrides:
             # A name itself matches before its glob reading: ``qkv:linear[0]`` has brackets.
             if pattern in names or any(fnmatch.fnmatchcase(name, pattern) for name in names):
                 return BitsChoice(bits, f"override {pattern!r}", BitsSource.OVERRIDE)
-        if config.adaptive:
-            return BitsChoice(RUNTIME_BITS, f"adaptive (average {config.avg_bits:g})", BitsSource.ADAPTIVE)
+        if config.is_adaptive:
+            return BitsChoice(RUNTIME_BITS, f"adaptive (average {config.adaptive.avg_bits:g})", BitsSource.ADAPTIVE)
         return BitsChoice(compression.bits, "uniform", BitsSource.UNIFORM)
 
     return choose
@@ -87,7 +87,7 @@ class GactPartitioner:
     def _inductor_runs_the_ops(self) -> bool:
         """Whether Inductor compiles graphs holding the opaque ``gact::`` ops (its CPU layout
         and bool-store behaviour then shape how the plan lays tensors out)."""
-        return self.compiler == "inductor" and self.config.lowering != "aten"
+        return self.compiler == "inductor" and self.config.compile.lowering != "aten"
 
     def _lossy_positions(self, bw: fx.GraphModule, saved: SavedGraph, options: PlanOptions,
                          overridden: bool = True) -> set[int]:
@@ -111,7 +111,7 @@ class GactPartitioner:
         **kwargs,
     ) -> tuple[fx.GraphModule, fx.GraphModule]:
         kwargs.pop("compiler", None)  # Inductor passes it; stock_partitioner fixes it
-        fw, bw = stock_partitioner(self.config.partitioner)(
+        fw, bw = stock_partitioner(self.config.compile.partitioner)(
             joint,
             joint_inputs,
             num_fwd_outputs=num_fwd_outputs,
@@ -124,20 +124,14 @@ class GactPartitioner:
         saved = baseline = find_saved(fw, bw, num_fwd_outputs, static_indices)
         baseline_timeline = saved_bytes_timeline(fw, bw, baseline)
         options = PlanOptions(
+            self.config.core,
             bits=self.config.initial_bits,
-            group_size=self.config.group_size,
-            min_numel=self.config.min_numel,
-            compress_inputs=self.config.compress_inputs,
-            compress_outputs=self.config.compress_outputs,
-            enabled=self.config.enabled,
             label_prefix=f"g{self.graph_index}/" if self.graph_index else "",
-            nonlinear_bits=self.config.nonlinear_bits,
-            feature_groups=self.config.feature_groups,
             channels_last=self._inductor_runs_the_ops and inductor_lays_out_channels_last(fw),
         )
         context = PassContext(fw, bw, num_fwd_outputs, static_indices, saved,
                               lambda current, overridden: self._lossy_positions(bw, current, options, overridden))
-        runs = run_section_passes(context, self.config)
+        runs = run_section_passes(context, self.config.passes) if self.config.enabled else []
         saved, stopwatch = context.saved, Stopwatch(runs)
         plan = stopwatch.time("plan", lambda: assign_bits(
             plan_compression(saved, options, allocate_slot=self.allocate_slot, uses=_uses(bw, saved)),
@@ -146,11 +140,11 @@ class GactPartitioner:
             index=self.graph_index, compiler=self.compiler, config=self.config, baseline=baseline, saved=saved, plan=plan
         )
         stopwatch.time("rewrite", lambda: apply_plan(fw, bw, saved, plan, masks_as_bytes=self._inductor_runs_the_ops))
-        if self.config.lowering == "aten":
+        if self.config.compile.lowering == "aten":
             from .passes.lower_aten import lower_to_aten  # imports Inductor's prims
 
             stopwatch.time("lower to aten", lambda: lower_to_aten(fw, bw, num_fwd_outputs))
-        if self.config.offload:
+        if self.config.passes.offload:
             stopwatch.time("offload", lambda: offload_blobs(fw, bw, num_fwd_outputs, static_indices))
         record.attach_code(before=code_before, after=(fw.code, bw.code))
         final = find_saved(fw, bw, num_fwd_outputs, static_indices)

@@ -22,7 +22,7 @@ def test_the_entry_point_takes_options_and_fills_last_report():
     compiled = torch.compile(model, backend="gact", options={"bits": 4, "min_numel": 1024}, fullgraph=True)
     projection_loss(compiled(*inputs)).backward()
     report = gact_fx.last_report()
-    assert report.records[-1].config.bits == 4
+    assert report.records[-1].config.core.bits == 4
     assert {r.bits for r in report.rows if r.stored == "compressed"} == {4, 1}  # floats, and the ReLU mask
     assert "total activations" in report.table()
 
@@ -187,7 +187,7 @@ def test_the_inductor_partitioner_has_a_config_dependent_cache_key():
     from gact_fx.partitioner import GactPartitioner
 
     def key(**options):
-        inner = GactPartitioner(GactConfig(**options), graph_index=0, compiler="inductor", on_record=print, allocate_slot=int)
+        inner = GactPartitioner(GactConfig.from_options(options), graph_index=0, compiler="inductor", on_record=print, allocate_slot=int)
         return InductorGactPartitioner(inner)
 
     assert key(bits=8).uuid() == key(bits=8).uuid() != key(bits=4).uuid()

@@ -4,14 +4,46 @@ import pytest
 import torch
 
 import gact_fx
-from gact_fx.config import GactConfig
+from gact_fx.config import LEVELS, SECTION_OF, CoreConfig, GactConfig
 
 
 def test_defaults_are_valid_and_frozen():
     config = GactConfig()
     with pytest.raises(Exception):
-        config.bits = 2
-    assert GactConfig.from_options({"bits": 4}).bits == 4
+        config.core.bits = 2
+    with pytest.raises(Exception):
+        config.core = CoreConfig(bits=2)
+    assert GactConfig.from_options({"bits": 4}).core.bits == 4
+    assert config == GactConfig.from_options({})
+
+
+def test_flat_options_land_in_their_sections_and_come_back():
+    options = {"bits": 2, "group_size": 64, "probe_tensors": 4, "recompute_affine": False, "partitioner": "default",
+               "overrides": {"*ln*": 8}}
+    config = GactConfig.from_options(options)
+    assert (config.core.bits, config.core.group_size, config.core.overrides) == (2, 64, (("*ln*", 8),))
+    assert config.adaptive.probe_tensors == 4 and config.adaptive.avg_bits is None and not config.is_adaptive
+    assert config.passes.recompute_affine is False and config.compile.partitioner == "default"
+    assert GactConfig.from_options(config.as_dict()) == config
+    assert set(config.as_dict()) == set(SECTION_OF)
+    assert config.replace(bits=4, compiler="eager") == GactConfig.from_options(options | {"bits": 4, "compiler": "eager"})
+    with pytest.raises(ValueError, match=r"unknown gact option\(s\) \['bitz'\]"):
+        config.replace(bitz=4)
+    with pytest.raises(ValueError, match="GactConfig.core must be a CoreConfig"):
+        GactConfig(core={"bits": 2})
+
+
+def test_levels_are_constructors():
+    assert LEVELS["L2.2"](group_size=64) == GactConfig.from_options({"level": "L2.2", "group_size": 64})
+    config = LEVELS["L2.2"](group_size=64)
+    assert (config.adaptive.avg_bits, config.core.group_size, config.core.feature_groups) == (2.0, 64, True)
+    assert LEVELS["L1.2"]().core.bits == 2 and not LEVELS["L1.2"]().is_adaptive
+    assert LEVELS["L0"]().enabled is False
+    assert LEVELS["L3"]().passes.offload is True
+    with pytest.raises(ValueError, match=r"level='L2.2' means \{'avg_bits': 2.0\}; do not also pass \['bits'\]"):
+        LEVELS["L2.2"](bits=4)
+    with pytest.raises(ValueError, match="level must be one of"):
+        GactConfig.from_options(level="L9")
 
 
 @pytest.mark.parametrize(
@@ -49,23 +81,23 @@ def test_bad_options_fail_at_compile_time_through_torch_compile():
 
 def test_options_on_top_of_a_config():
     adaptive = GactConfig.from_options({"level": "L2", "group_size": 128})
-    assert adaptive.updated({"level": "L1.1"}) == GactConfig(bits=8, group_size=128)
-    assert adaptive.updated({"bits": 2}).adaptive is False
-    assert GactConfig(bits=2).updated({"level": "L2.2"}).avg_bits == 2.0
+    assert adaptive.updated({"level": "L1.1"}) == GactConfig.from_options(bits=8, group_size=128)
+    assert adaptive.updated({"bits": 2}).is_adaptive is False
+    assert GactConfig.from_options(bits=2).updated({"level": "L2.2"}).adaptive.avg_bits == 2.0
     with pytest.raises(ValueError, match="unknown gact option"):
         adaptive.updated({"bitz": 2})
 
 
 def test_the_adaptive_levels_group_by_feature_unless_told_otherwise():
     for level in ("L2", "L2.1", "L2.2"):
-        assert GactConfig.from_options({"level": level}).feature_groups is True
-    assert GactConfig.from_options({"level": "L2.2", "feature_groups": False}).feature_groups is False
-    assert GactConfig.from_options({"level": "L1"}).feature_groups is False
-    assert GactConfig.from_options({"avg_bits": 2}).feature_groups is False  # no level: the plain defaults
+        assert GactConfig.from_options({"level": level}).core.feature_groups is True
+    assert GactConfig.from_options({"level": "L2.2", "feature_groups": False}).core.feature_groups is False
+    assert GactConfig.from_options({"level": "L1"}).core.feature_groups is False
+    assert GactConfig.from_options({"avg_bits": 2}).core.feature_groups is False  # no level: the plain defaults
     adaptive = GactConfig.from_options({"level": "L2.2"})
-    assert adaptive.updated({"level": "L1"}).feature_groups is False
-    assert adaptive.updated({"group_size": 128}).feature_groups is True
-    assert GactConfig(bits=2).updated({"level": "L2"}).feature_groups is True
+    assert adaptive.updated({"level": "L1"}).core.feature_groups is False
+    assert adaptive.updated({"group_size": 128}).core.feature_groups is True
+    assert GactConfig.from_options(bits=2).updated({"level": "L2"}).core.feature_groups is True
 
 
 def test_per_call_options_on_a_backend_object():

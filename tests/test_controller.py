@@ -27,7 +27,7 @@ def train_steps(model, inputs, backend, steps):
 
 def no_probe_state(region) -> bool:
     """No site of the region keeps an exact copy or substitutes its blob."""
-    return all(t.site.stash is None and t.site.substitute is None for t in region.tensors)
+    return all(t.site.probe.idle for t in region.tensors)
 
 
 def spearman(a: dict, b: dict) -> float:
@@ -39,8 +39,8 @@ def spearman(a: dict, b: dict) -> float:
 
 def test_levels_are_gacts():
     assert GactConfig.from_options({"level": "L0"}).enabled is False
-    assert [GactConfig.from_options({"level": lvl}).bits for lvl in ("L1", "L1.1", "L1.2")] == [4, 8, 2]
-    assert [GactConfig.from_options({"level": lvl}).avg_bits for lvl in ("L2", "L2.1", "L2.2")] == [4, 3, 2]
+    assert [GactConfig.from_options({"level": lvl}).core.bits for lvl in ("L1", "L1.1", "L1.2")] == [4, 8, 2]
+    assert [GactConfig.from_options({"level": lvl}).adaptive.avg_bits for lvl in ("L2", "L2.1", "L2.2")] == [4, 3, 2]
     with pytest.raises(ValueError, match="do not also pass"):
         GactConfig.from_options({"level": "L2", "avg_bits": 3})
 
@@ -225,7 +225,7 @@ def test_a_probe_whose_outputs_are_dropped_without_backward_ends():
     (region,) = backend.controller.regions.values()
     assert region.in_flight is not None and not no_probe_state(region)
     compiled(*inputs).sum()  # no second probe while one is in flight
-    assert sum(t.site.stash is not None for t in region.tensors) == 1
+    assert sum(t.site.probe.kept for t in region.tensors) == 1
     dropped = weakref.ref(kept)
     del kept  # autograd frees the graph: the probe ends with it, no gc needed
     assert dropped() is None and region.in_flight is None and no_probe_state(region)

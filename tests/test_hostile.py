@@ -9,7 +9,7 @@ import torch.nn as nn
 
 import gact_fx
 
-from .helpers import MLP, ConvBlock, baseline_backend, compiled_grads, flat_grad, model_case, projection_loss, relative_error
+from .helpers import MLP, ConvBlock, baseline_backend, flat_grad, model_case, projection_loss, relative_error
 
 
 def grads(model, inputs, backend, loss=projection_loss):

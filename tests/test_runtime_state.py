@@ -9,7 +9,7 @@ import torch.nn as nn
 
 import gact_fx
 
-from .helpers import flat_grad, model_case, projection_loss, relative_error
+from .helpers import flat_grad, model_case, projection_loss
 
 
 def probed_sensitivities(first_element: float) -> dict[str, float]:

@@ -28,7 +28,7 @@ from .plan import activation_nbytes
 from .saved import SavedGraph, find_saved, static_placeholders
 
 if TYPE_CHECKING:  # the passes read the config's switches; they do not import it
-    from ..config import GactConfig
+    from ..config import PassesConfig
 
 
 @dataclass(frozen=True)
@@ -72,31 +72,31 @@ class PassContext:
 @dataclass(frozen=True)
 class GraphPass:
     name: str
-    enabled: Callable[[GactConfig], bool]
+    enabled: Callable[[PassesConfig], bool]
     run: Callable[[PassContext], bool]  # whether it changed the graphs
 
 
 SECTION_PASSES = (
-    GraphPass("hoist exponentials", lambda config: True,
+    GraphPass("hoist exponentials", lambda switches: True,
               lambda ctx: hoist_exponentials(ctx.fw, ctx.bw, ctx.saved, ctx.lossy())),
-    GraphPass("hoist comparisons", lambda config: True,
+    GraphPass("hoist comparisons", lambda switches: True,
               lambda ctx: hoist_comparisons(ctx.fw, ctx.bw, ctx.saved, ctx.lossy())),
-    GraphPass("hoist derivatives", lambda config: config.save_derivatives,
+    GraphPass("hoist derivatives", lambda switches: switches.save_derivatives,
               lambda ctx: hoist_derivatives(ctx.fw, ctx.bw, ctx.saved, ctx.lossy())),
-    GraphPass("recompute attention", lambda config: config.recompute_attention,
+    GraphPass("recompute attention", lambda switches: switches.recompute_attention,
               lambda ctx: recompute_attention_outputs(ctx.fw, ctx.bw, ctx.saved, ctx.lossy())),
     # A tensor whose bits an override sets keeps them: it is not rebuilt from another.
-    GraphPass("recompute affine", lambda config: config.recompute_affine,
+    GraphPass("recompute affine", lambda switches: switches.recompute_affine,
               lambda ctx: recompute_affine(ctx.fw, ctx.bw, ctx.saved, ctx.lossy(overridden=False),
                                            static=static_placeholders(ctx.fw, ctx.static_indices))),
 )
 
 
-def run_section_passes(ctx: PassContext, config: GactConfig, passes=SECTION_PASSES) -> list[PassRun]:
-    """Run each enabled pass once, in order (none when compression is off)."""
+def run_section_passes(ctx: PassContext, switches: PassesConfig, passes=SECTION_PASSES) -> list[PassRun]:
+    """Run each pass the switches enable once, in order."""
     runs = []
-    for graph_pass in passes if config.enabled else ():
-        if not graph_pass.enabled(config):
+    for graph_pass in passes:
+        if not graph_pass.enabled(switches):
             continue
         before, started = activation_nbytes(ctx.saved), time.perf_counter()
         changed = bool(graph_pass.run(ctx))

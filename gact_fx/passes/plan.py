@@ -16,6 +16,7 @@ import enum
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.fx as fx
@@ -28,6 +29,9 @@ from .names import unique_names
 from .saved import SavedGraph, SavedKind, SavedValue
 from .uses import Use, UseClass
 from .views import AliasPath, foreign_inputs, is_symint_node
+
+if TYPE_CHECKING:  # the planner reads the config's core section; it does not import the config
+    from ..config import CoreConfig
 
 # What the backward holds for activations: compressible, and counted in the totals.
 COMPRESSIBLE_KINDS = (SavedKind.INTERMEDIATE, SavedKind.GRAPH_INPUT, SavedKind.VIEW_OF_INPUT,
@@ -136,7 +140,7 @@ class Compression:
     bytes_after: int  # blob bytes
     label: str = ""  # unique human name (``passes.names``): what overrides and the controller use
     use: UseClass = UseClass(Use.LINEAR, "")  # how the backward consumes it (the worst of its members)
-    floor: int = 1  # the fewest bits its use allows (``PlanOptions.nonlinear_bits`` for exponential uses)
+    floor: int = 1  # the fewest bits its use allows (``CoreConfig.nonlinear_bits`` for exponential uses)
     bits_reason: str = ""  # why it has its bits (``assign_bits``)
     bits_source: BitsSource | None = None  # where they came from (``assign_bits``)
     dense_perm: tuple[int, ...] | None = None  # the source's dense order (decoded into), where ``perm`` differs from it
@@ -181,17 +185,11 @@ class CompressionPlan:
 
 @dataclass(frozen=True)
 class PlanOptions:
-    """What the planner needs from the user's config."""
+    """What the planner needs: the config's core section, and what one graph adds to it."""
 
-    bits: int
-    group_size: int
-    min_numel: int
-    compress_inputs: bool
-    enabled: bool = True
-    compress_outputs: bool = True
+    core: CoreConfig
+    bits: int  # every float compression's width before any allocation (``GactConfig.initial_bits``)
     label_prefix: str = ""  # e.g. "g1/" for the second graph of a model
-    nonlinear_bits: int = 8  # at least this many bits where the backward uses a value exponentially
-    feature_groups: bool = False  # groups along the tokens of one feature (``feature_order``)
     # 4-D float intermediates are laid out channels-last, as Inductor's layout optimisation
     # leaves a convolutional graph's on the CPU: encode them in that order and decode them
     # into it, so that neither side needs a copy and the backward's convolutions get the
@@ -261,17 +259,17 @@ class _Planner:
         channels_last = self._channels_last(source, layout, members)
         if channels_last:
             layout = dataclasses.replace(layout, perm=CHANNELS_LAST)
-        perm = encoding_order(layout, val.dtype, self.options.group_size, self.options.feature_groups)
+        perm = encoding_order(layout, val.dtype, self.options.core.group_size, self.options.core.feature_groups)
         bits = 1 if val.dtype == torch.bool else self.options.bits
-        after = hint(blob_nbytes(layout.numel, val.dtype, bits, self.options.group_size))
+        after = hint(blob_nbytes(layout.numel, val.dtype, bits, self.options.core.group_size))
         use = self.use_of(value.position for value, _ in members)
-        floor = self.options.nonlinear_bits if use.use is Use.EXPONENTIAL and val.dtype != torch.bool else 1
+        floor = self.options.core.nonlinear_bits if use.use is Use.EXPONENTIAL and val.dtype != torch.bool else 1
         self.compressions.append(
             Compression(
                 source=source,
                 members=tuple(Member(value.position, chain) for value, chain in members),
                 bits=bits,
-                group_size=self.options.group_size,
+                group_size=self.options.core.group_size,
                 perm=perm,
                 dense_perm=None if perm == layout.perm else layout.perm,
                 channels_last=channels_last,
@@ -299,13 +297,13 @@ class _Planner:
         root_val = root.meta["val"]
         held = nbytes_of(root_val)
         kind = members[0].kind
-        if not self.options.enabled:
+        if not self.options.core.enabled:
             self.skip_group(members, "gact disabled (baseline)", held)
             return
-        if kind in INPUT_KINDS and not self.options.compress_inputs:
+        if kind in INPUT_KINDS and not self.options.core.compress_inputs:
             self.skip_group(members, "graph input (compress_inputs=False)", held)
             return
-        if kind in OUTPUT_KINDS and not self.options.compress_outputs:
+        if kind in OUTPUT_KINDS and not self.options.core.compress_outputs:
             self.skip_group(members, "model output (compress_outputs=False): saved as the caller's copy", held)
             return
         root_saved = any(not v.path.is_view for v in members)
@@ -326,8 +324,8 @@ class _Planner:
             val = source.meta["val"]
             reason = _dtype_reason(val)
             numel = layout_of(val).numel
-            if reason is None and numel < max(self.options.min_numel, 1):
-                reason = f"{numel} elements < min_numel={self.options.min_numel}"
+            if reason is None and numel < max(self.options.core.min_numel, 1):
+                reason = f"{numel} elements < min_numel={self.options.core.min_numel}"
             share = held if index == 0 else 0
             if reason is not None:
                 self.skip_group([v for v, _ in served], reason, share)

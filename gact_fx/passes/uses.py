@@ -10,7 +10,7 @@ exponential or a singularity is worse: attention's backward recomputes
 ``E[exp(x + noise)] = exp(x) E[exp(noise)]`` grows without bound as training sharpens
 the logits (gradients 1e6x off at 2 bits on a character LM). This pass finds such uses
 from the backward graph itself, so that the plan can keep those tensors at higher
-precision (``PlanOptions.nonlinear_bits``).
+precision (``CoreConfig.nonlinear_bits``).
 
 ``dependences`` walks the backward graph once, propagating for every node which saved
 values it depends on and how (``Use``); ``classify_uses`` keeps each value's worst.

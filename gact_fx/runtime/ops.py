@@ -13,7 +13,7 @@
     rewrite hands CPU masks so under Inductor, whose CPU kernels store bools slowly; see
     ``passes.rewrite``). ``bits == RUNTIME_BITS`` reads the site's width at run time; the
     blob's length is then a data-dependent (unbacked) size. On a probe's forward call
-    (``registry.STASHING``) the op also keeps an exact copy and marks the blob with a
+    (``probe.stashing``) the op also keeps an exact copy and marks the blob with a
     token.
 
 ``gact::unpack_mask(Tensor blob, SymInt[] shape, ScalarType dtype, int[] perm, int[]? layout=None) -> Tensor``
@@ -50,10 +50,10 @@ from collections.abc import Sequence
 import torch
 
 from . import format as fmt
-from .kernels import decode, decode_mask, decode_permuted, encode, encode_permuted
+from .kernels import decode_mask, decode_permuted, encode_permuted
 from .layout import arrange, inverse_permutation
-from .registry import DIRECTORY, EXACT, STASHING, Stash, attach_token, token_of
-from .noise import key_of
+from .probe import is_stashing
+from .registry import DIRECTORY
 
 RUNTIME_BITS = fmt.RUNTIME_BITS
 
@@ -102,11 +102,8 @@ def quantize(x: torch.Tensor, bits: int, group_size: int, perm: Sequence[int], s
     state = site.rng_state(x.device)
     count = None if site.pinned else (lambda: site.advance(state))
     blob = encode_permuted(x, perm, bits, group_size, state=state, count=count)
-    if slot in STASHING.get():
-        token = site.registry.new_token()
-        flat = x.permute(list(perm)).reshape(-1)
-        site.stash = Stash(flat.clone(), token)  # a copy: the compiler may reuse x's buffer
-        blob = attach_token(blob, token)
+    if is_stashing(slot):
+        blob = site.probe.keep(x, perm, blob, site.registry.new_token())
     return blob
 
 
@@ -117,21 +114,6 @@ def _quantize_fake(x, bits, group_size, perm, slot):
     else:
         nbytes = blob_nbytes(x.numel(), x.dtype, bits, group_size)
     return x.new_empty((nbytes,), dtype=torch.uint8)
-
-
-def _substitute(site, blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int) -> torch.Tensor | None:
-    """The probe's replacement for ``blob`` if it is the probed call's, else None."""
-    if site.substitute is None or site.stash is None:
-        return None
-    bits = fmt.bits_from_blob_nbytes(blob.numel())
-    if token_of(blob, blob_nbytes(numel, dtype, bits, group_size)) != site.stash.token:
-        return None  # another call of the same graph (a block called N times per step)
-    stashed = site.stash.values
-    if site.substitute is EXACT:
-        return stashed.clone()  # a copy: the backward may write into its inputs
-    requantize = site.substitute
-    blob = encode(stashed, requantize.bits, group_size, key=key_of(*requantize.key, device=stashed.device))
-    return decode(blob, stashed.numel(), dtype, group_size)
 
 
 @_op(
@@ -148,7 +130,7 @@ def dequantize(
     layout: Sequence[int] | None = None,
 ) -> torch.Tensor:
     numel = math.prod(shape)
-    flat = _substitute(DIRECTORY.site(slot), blob, numel, dtype, group_size)
+    flat = DIRECTORY.site(slot).probe.replacement(blob, numel, dtype, group_size)
     if flat is None:
         return decode_permuted(blob, shape, dtype, group_size, perm, layout)
     return arrange(flat, shape, perm, layout)

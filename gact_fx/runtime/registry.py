@@ -3,7 +3,7 @@
 A ``SlotRegistry`` belongs to one backend. It numbers that backend's sites and holds,
 per site: its run-time bit width (sites compiled with ``RUNTIME_BITS``), its
 rounding-noise state on each device (``runtime.noise``), and, during a sensitivity
-probe, the exact copy the probe kept and what ``dequantize`` substitutes for it.
+probe, its ``runtime.probe.SiteProbe``.
 
 The ``gact::`` ops are called from compiled code with nothing but a slot number, so
 one process-wide ``DIRECTORY`` maps numbers to sites (weakly: a site lives as long as
@@ -12,51 +12,20 @@ the process and handed out in compile order, so a program numbers its sites the 
 way in every process (which keeps Inductor's FX graph cache effective). The directory
 also holds the base seed of ``manual_seed``, the one knob that is process-wide by
 design, like ``torch.manual_seed``.
-
-State that belongs to one call lives in a ``ContextVar``: ``STASHING``, the slots
-whose exact values the probe's forward call keeps.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import ctypes
 import itertools
 import threading
 import weakref
-from collections.abc import Iterator
-from dataclasses import dataclass
 
 import torch
 
 from .. import _compat
-from . import format as fmt
 from .noise import call_key, mix64, slot_key
-
-
-class _Exact:
-    def __repr__(self) -> str:
-        return "EXACT"
-
-
-EXACT = _Exact()  # dequantize returns the stashed exact values
-
-
-@dataclass(frozen=True)
-class Requantize:
-    """dequantize returns the stashed values quantized at ``bits`` under ``key``."""
-
-    bits: int
-    key: tuple[int, int]
-
-
-@dataclass
-class Stash:
-    """What a probe's forward call kept of one site: the exact values, and the token its blob carries."""
-
-    values: torch.Tensor
-    token: int
+from .probe import SiteProbe
 
 
 class Site:
@@ -68,8 +37,7 @@ class Site:
         self._registry = weakref.ref(registry)
         self.bits: int | None = None  # run-time width of a RUNTIME_BITS site
         self.pinned = False  # the same noise on every call (opcheck compares calls)
-        self.stash: Stash | None = None
-        self.substitute: object | None = None  # EXACT or Requantize, while a probe measures
+        self.probe = SiteProbe()  # its part in a sensitivity probe (``runtime.probe``)
         self._states: dict[torch.device, torch.Tensor] = {}
         self._host_count: ctypes.c_int64 | None = None  # the CPU state's count, written in place
 
@@ -122,8 +90,7 @@ class Site:
             state.copy_(torch.tensor([key, 0, 0], dtype=torch.int64))
 
     def release_probe(self) -> None:
-        self.stash = None
-        self.substitute = None
+        self.probe.release()
 
 
 class SlotRegistry:
@@ -189,37 +156,9 @@ class Directory:
 
 DIRECTORY = Directory()
 
-# The slots whose exact values this forward call keeps for a probe (set by the controller).
-STASHING: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar("gact_stashing", default=frozenset())
-
-
-@contextlib.contextmanager
-def stashing(slots: frozenset[int]) -> Iterator[None]:
-    token = STASHING.set(slots)
-    try:
-        yield
-    finally:
-        STASHING.reset(token)
-
-
 def manual_seed(seed: int) -> None:
     """Make gact's stochastic rounding reproducible (independent of ``torch.manual_seed``).
 
     Every site of every backend starts its noise sequence again from ``seed``.
     """
     DIRECTORY.manual_seed(seed)
-
-
-def attach_token(blob: torch.Tensor, token: int) -> torch.Tensor:
-    """``blob`` with a probe token before its tag (the length mod 8, so the bits, unchanged)."""
-    tag = blob.numel() % 8
-    token_bytes = torch.tensor([token], dtype=torch.int64).view(torch.uint8).to(blob.device)
-    return torch.cat([blob[: blob.numel() - tag], token_bytes, blob[blob.numel() - tag :]])
-
-
-def token_of(blob: torch.Tensor, expected_nbytes: int) -> int | None:
-    """The token of a probe blob, or None for a plain one (reads 8 bytes to the host)."""
-    if blob.numel() != expected_nbytes + fmt.TOKEN_BYTES:
-        return None
-    start = fmt.token_offset(blob.numel())
-    return int(blob[start : start + fmt.TOKEN_BYTES].cpu().view(torch.int64).item())

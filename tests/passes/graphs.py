@@ -8,7 +8,16 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from gact_fx.config import CoreConfig
+from gact_fx.passes.plan import PlanOptions
+
 aten = torch.ops.aten
+
+
+def plan_options(bits: int = 8, *, label_prefix: str = "", channels_last: bool = False, **core) -> PlanOptions:
+    """The planner's options for a test graph: groups of 64, nothing too small to compress."""
+    core = {"group_size": 64, "min_numel": 0} | core
+    return PlanOptions(CoreConfig(**core), bits=bits, label_prefix=label_prefix, channels_last=channels_last)
 
 
 class Builder:

@@ -4,20 +4,20 @@ import pytest
 import torch
 
 from gact_fx.passes.lower_aten import KEYS, lower_to_aten
-from gact_fx.passes.plan import PlanOptions, plan_compression
+from gact_fx.passes.plan import plan_compression
 from gact_fx.passes.rewrite import DEQUANTIZE, QUANTIZE, apply_plan
 from gact_fx.passes.saved import find_saved
 from gact_fx.runtime.format import RUNTIME_BITS
 from gact_fx.runtime.registry import SlotRegistry, manual_seed
 
-from .graphs import linear_relu_pair, run_pair
+from .graphs import linear_relu_pair, plan_options, run_pair
 
 
 def rewritten_pair(bits, lower: bool):
     fw, bw, num_out, static, inputs = linear_relu_pair()
     saved = find_saved(fw, bw, num_out, static)
     registry = SlotRegistry()
-    options = PlanOptions(bits=bits, group_size=64, min_numel=0, compress_inputs=True)
+    options = plan_options(bits)
     apply_plan(fw, bw, saved, plan_compression(saved, options, allocate_slot=lambda: registry.new_site().slot))
     if lower:
         assert lower_to_aten(fw, bw, num_out) == 2
@@ -60,7 +60,7 @@ def test_32_bits_round_trips_exactly_when_run_as_python():
 def test_run_time_bits_are_refused():
     fw, bw, num_out, static, _ = linear_relu_pair()
     saved = find_saved(fw, bw, num_out, static)
-    plan = plan_compression(saved, PlanOptions(bits=8, group_size=64, min_numel=0, compress_inputs=True), allocate_slot=iter(range(2)).__next__)
+    plan = plan_compression(saved, plan_options(8), allocate_slot=iter(range(2)).__next__)
     apply_plan(fw, bw, saved, plan)
     node = fw.graph.find_nodes(op="call_function", target=QUANTIZE)[0]
     node.update_arg(1, RUNTIME_BITS)

@@ -4,20 +4,19 @@ import itertools
 
 import torch
 
-from gact_fx.passes.plan import BitsChoice, BitsSource, PlanOptions, assign_bits, layout_of, plan_compression
+from gact_fx.passes.plan import BitsChoice, BitsSource, assign_bits, layout_of, plan_compression
 from gact_fx.passes.saved import find_saved
 from gact_fx.runtime import format as fmt
 
-from .graphs import Builder, aliases_pair, linear_relu_pair
+from .graphs import Builder, aliases_pair, linear_relu_pair, plan_options
 
 aten = torch.ops.aten
 
 
 def plan_for(pair, **options):
     fw, bw, num_out, static, _ = pair
-    settings = dict(bits=8, group_size=64, min_numel=0, compress_inputs=True) | options
     saved = find_saved(fw, bw, num_out, static)
-    return saved, plan_compression(saved, PlanOptions(**settings), allocate_slot=itertools.count(10).__next__)
+    return saved, plan_compression(saved, plan_options(**options), allocate_slot=itertools.count(10).__next__)
 
 
 def test_activations_are_compressed_and_parameters_skipped():
@@ -120,7 +119,7 @@ def test_an_exponential_use_raises_the_bits_to_the_floor_unless_overridden():
     saved, _ = plan_for(linear_relu_pair())
     x = next(v.position for v in saved.values if v.node.name == "x")
     uses = {x: UseClass(Use.EXPONENTIAL, "exp")}
-    plan = plan_compression(saved, PlanOptions(bits=2, group_size=64, min_numel=0, compress_inputs=True, nonlinear_bits=8),
+    plan = plan_compression(saved, plan_options(2),
                             allocate_slot=itertools.count().__next__, uses=uses)
     uniform = assign_bits(plan, lambda c: BitsChoice(c.bits, "uniform", BitsSource.UNIFORM))
     assert {c.name: c.bits for c in uniform.compressions} == {"x": 8, "relu": 2}

@@ -5,14 +5,14 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from gact_fx.passes.hoist import hoist_comparisons
-from gact_fx.passes.plan import PlanOptions, plan_compression
+from gact_fx.passes.plan import plan_compression
 from gact_fx.passes.rewrite import DEQUANTIZE, QUANTIZE, UNPACK_MASK, apply_plan
 from gact_fx.passes.saved import find_saved, output_node
 
 from ..runtime.sites import new_slot
 
 aten = torch.ops.aten
-from .graphs import Builder, aliases_pair, linear_relu_pair, run_pair
+from .graphs import Builder, aliases_pair, linear_relu_pair, plan_options, run_pair
 
 
 def rewritten(pair, bits, hoist=False, masks_as_bytes=False):
@@ -20,7 +20,7 @@ def rewritten(pair, bits, hoist=False, masks_as_bytes=False):
     saved = find_saved(fw, bw, num_out, static)
     if hoist and hoist_comparisons(fw, bw, saved):
         saved = find_saved(fw, bw, num_out, static)
-    options = PlanOptions(bits=bits, group_size=64, min_numel=0, compress_inputs=True)
+    options = plan_options(bits)
     plan = plan_compression(saved, options, allocate_slot=new_slot)
     apply_plan(fw, bw, saved, plan, masks_as_bytes=masks_as_bytes)
     return fw, bw, plan

@@ -181,7 +181,7 @@ def test_adaptive_levels_train_within_their_budget(rehearsal, case):
     outcomes, _ = rehearsal
     outcome = outcomes[case]
     controller = outcome.backend.controller
-    avg_bits = outcome.backend.config.avg_bits
+    avg_bits = outcome.backend.config.adaptive.avg_bits
     free = [t for t in controller.tensors() if t.floor == 1]
     assert all(t.sensitivity is not None for t in controller.tensors())  # probed through the kernels
     assert sum(t.bits * t.numel for t in free) <= avg_bits * sum(t.numel + t.carried_numel for t in free)

@@ -1,7 +1,5 @@
 """Property-based tests of the packed format (hypothesis): any shape, dtype, width, group."""
 
-import math
-
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
