@@ -93,8 +93,7 @@ class Mnist1dTask(_TensorClassification):
 
 
 class Block(nn.Module):
-    """Pre-norm block: LayerNorm, causal SDPA attention, GELU MLP, residuals (also the
-    tests' transformer block)."""
+    """Pre-norm block: LayerNorm, causal SDPA attention, GELU MLP, residuals."""
 
     def __init__(self, dim: int = 64, heads: int = 4):
         super().__init__()
