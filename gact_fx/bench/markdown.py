@@ -191,6 +191,11 @@ TABLE_FILES = {
     "warm_gradient_error_floors.json": ("Gradient error against bytes: attention floors and adaptive levels",
                                         "As above: uniform widths with attention's floors at 4 bits instead of 8 "
                                         "(`nonlinear_bits=4`), beside the adaptive levels."),
+    "warm_gradient_error_rotation.json": ("Gradient error against bytes: a random-sign Hadamard rotation (candidate format)",
+                                          "As above, with each lossy tensor rotated blockwise (32 or 128 elements) along "
+                                          "its innermost dimension before quantizing and rotated back after decoding "
+                                          "(`benchmarks/_rotation.py`, a measurement wrapper; no codec writes it yet). "
+                                          "Same bytes; the error is what changes."),
     "static_kernels.json": ("GPU kernels, static: instructions per element against the memory-speed budget",
                             "`python benchmarks/static_kernels.py`: every variant the CUDA path launches, compiled "
                             "for sm_90 and read back with cuobjdump on this CPU machine. A static model: the GPU "
