@@ -138,7 +138,7 @@ class _GatedCall:
             return
         handle.hooks = HookCompressor(
             self.model, registry=handle.backend.registry, bits=config.initial_bits, group_size=config.core.group_size,
-            min_numel=config.core.min_numel, feature_groups=config.core.feature_groups,
+            min_numel=config.core.min_numel, feature_groups=config.core.feature_groups, rotation=config.core.rotation,
         )
         log.warning(
             "gact: torch.compile captured no training graph of %s, so this step ran uncompressed; "

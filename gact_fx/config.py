@@ -21,6 +21,7 @@ import torch
 
 from . import _compat
 from .runtime import format as fmt
+from .runtime.rotation import check_block as check_rotation_block
 
 COMPILERS = ("auto", "inductor", "eager")
 LOWERINGS = ("auto", "op", "aten")
@@ -51,6 +52,14 @@ class CoreConfig:
     back in its own layout (one copy more). The adaptive levels turn it on
     (``ADAPTIVE_LEVEL_DEFAULTS``)."""
 
+    rotation: int = 0
+    """0 (off), or 16, 32, 64, 128 or 256: rotate each block of that many elements along a
+    tensor's innermost dimension with a random-sign Hadamard before rounding, and back
+    after decoding (``runtime.rotation``). Rounding stays unbiased; a group's range
+    shrinks where a few features carry outliers, and grows a little where none do
+    (docs/accuracy.md says on which models it paid). Same bytes. Tensors whose innermost
+    dimension it does not divide are stored unrotated. Needs ``lowering='op'``."""
+
     min_numel: int = 4096
     """Saved tensors with fewer elements stay in full precision (too small to matter)."""
 
@@ -77,8 +86,9 @@ class CoreConfig:
     def __post_init__(self) -> None:
         for name in ("enabled", "feature_groups", "compress_inputs", "compress_outputs"):
             _check_type(name, getattr(self, name), bool)
-        for name in ("bits", "group_size", "min_numel", "nonlinear_bits"):
+        for name in ("bits", "group_size", "min_numel", "nonlinear_bits", "rotation"):
             _check_type(name, getattr(self, name), int)
+        check_rotation_block(self.rotation)
         fmt.check_bits(self.bits)
         if self.nonlinear_bits not in fmt.SUPPORTED_BITS:
             raise ValueError(f"nonlinear_bits must be one of {fmt.SUPPORTED_BITS}, got {self.nonlinear_bits!r}")
@@ -224,6 +234,8 @@ class GactConfig:
                 raise ValueError(f"GactConfig.{section} must be a {cls.__name__}, got {getattr(self, section)!r}")
         if self.compile.lowering == "aten" and self.adaptive.avg_bits is not None:
             raise ValueError("lowering='aten' needs bits fixed at compile time; adaptive bits (avg_bits) use lowering='op'")
+        if self.compile.lowering == "aten" and self.core.rotation:
+            raise ValueError("lowering='aten' writes plain blobs in traced ops; rotation needs lowering='op' or 'auto'")
 
     @property
     def enabled(self) -> bool:

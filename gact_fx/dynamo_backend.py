@@ -25,6 +25,7 @@ from .partitioner import GactPartitioner
 from .report import GraphRecord, Report, log_record
 from .runtime.format import RUNTIME_BITS
 from .runtime.registry import SlotRegistry
+from .runtime.rotation import rotation_matrix
 
 log = logging.getLogger("gact_fx")
 
@@ -165,7 +166,11 @@ class GactBackend:
         lazily, a CUDA graph's warm-up call would allocate it in the graph's private pool,
         which cudagraph trees refuse (tensors in the pool not tracked as outputs)."""
         for compression in record.compressions:
-            self.registry.sites[compression.slot].rng_state(torch.device(compression.device))
+            site = self.registry.sites[compression.slot]
+            site.rng_state(torch.device(compression.device))
+            site.rotation = compression.rotation
+            if compression.rotation:  # its matrix too, for the same reason
+                rotation_matrix(compression.rotation, torch.device(compression.device))
 
     def _add_record(self, record: GraphRecord) -> None:
         self.records.append(record)

@@ -40,12 +40,14 @@ class HookCompressor:
 
     def __init__(
         self, model: torch.nn.Module, *, registry: SlotRegistry, bits: int, group_size: int, min_numel: int,
-        feature_groups: bool = False,
+        feature_groups: bool = False, rotation: int = 0,
     ) -> None:
         self.bits, self.group_size, self.min_numel = bits, group_size, min_numel
         self.feature_groups = feature_groups
         self._model = model
-        self._slot = registry.new_site().slot
+        site = registry.new_site()
+        site.rotation = rotation  # the ops rotate the tensors whose innermost dimension it divides
+        self._slot = site.slot
         self.last_step = HookStep(bits)  # what the hooks did in the latest forward (the report's)
 
     def _keep(self, tensor: torch.Tensor, parameters: set[int]) -> bool:

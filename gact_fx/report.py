@@ -60,7 +60,7 @@ class SavedTensorRow:
     use: str = ""  # how the backward consumes it: linear, smooth, exponential (``passes.uses``)
     bits_reason: str = ""  # why it has its bits
     bits_source: str = ""  # where they came from: override, adaptive, uniform, floor, mask (``passes.plan.BitsSource``)
-    groups: str = ""  # compressed rows: "contiguous" elements or tokens of one "feature" per group
+    groups: str = ""  # compressed rows: "contiguous" elements or tokens of one "feature" per group, and the rotation
     label: str = ""  # the name a user knows: module path and function (``passes.names``)
 
     @property
@@ -94,6 +94,7 @@ class CompressionRecord:
     groups: str = "contiguous"  # or "feature": tokens of one feature per group (``feature_groups``)
     carried_numel: int = 0  # elements of saved tensors the backward rebuilds from it (``passes.affine``)
     device: str = "cpu"  # where the tensor lives: its site's noise state is made there at compile time
+    rotation: int = 0  # the Hadamard block it is rotated by below 32 bits (``runtime.rotation``); 0: none
 
     @property
     def is_float(self) -> bool:
@@ -157,7 +158,7 @@ def _rows(index: int, saved: SavedGraph, plan: CompressionPlan) -> list[SavedTen
                     use=str(compression.use.use),
                     bits_reason=compression.bits_reason,
                     bits_source=_source_name(compression),
-                    groups=compression.groups,
+                    groups=compression.groups + (f", Hadamard {compression.rotation}" if compression.rotation else ""),
                     label=compression.label,
                 )
             )
@@ -209,6 +210,7 @@ def _compression_records(plan: CompressionPlan) -> tuple[CompressionRecord, ...]
             groups=c.groups,
             carried_numel=c.carried_numel,
             device=str(c.source.meta["val"].device),
+            rotation=c.rotation,
         )
         for c in plan.compressions
     )

@@ -26,6 +26,9 @@ METHODS = {
     "L1.2 (2 bit)": {"level": "L1.2"},
     "3 bit": {"bits": 3},  # L1 and L1.2 at 3 bits (two bit planes)
     "3 bit, attention floor 4": {"bits": 3, "nonlinear_bits": 4},
+    "3 bit, rotation 32": {"bits": 3, "rotation": 32},
+    "3 bit, attention floor 4, rotation 32": {"bits": 3, "nonlinear_bits": 4, "rotation": 32},
+    "L1.2, rotation 32": {"level": "L1.2", "rotation": 32},
     "L1.2, attention floor 4": {"level": "L1.2", "nonlinear_bits": 4},
     "L2 (adaptive 4)": {"level": "L2"},
     "L2.1 (adaptive 3)": {"level": "L2.1"},

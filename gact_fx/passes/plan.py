@@ -24,7 +24,8 @@ import torch.fx as fx
 from .._compat import hint
 from ..runtime.ops import blob_nbytes
 from ..runtime.reference import FLOAT_DTYPES
-from ..runtime.format import RUNTIME_BITS
+from ..runtime.format import PASS_THROUGH_BITS, RUNTIME_BITS
+from ..runtime.rotation import rotates
 from .names import unique_names
 from .saved import SavedGraph, SavedKind, SavedValue
 from .uses import Use, UseClass
@@ -146,6 +147,7 @@ class Compression:
     dense_perm: tuple[int, ...] | None = None  # the source's dense order (decoded into), where ``perm`` differs from it
     channels_last: bool = False  # the source is laid out channels-last at run time (``PlanOptions.channels_last``)
     carried_numel: int = 0  # elements of saved tensors the backward rebuilds from it (``passes.affine``)
+    rotation: int = 0  # the Hadamard block it is rotated by below 32 bits (``runtime.rotation``); 0: none
 
     @property
     def name(self) -> str:
@@ -279,6 +281,8 @@ class _Planner:
                 use=use,
                 floor=floor,
                 carried_numel=sum(gact_meta(value.node).get(CARRIES, 0) for value, _ in members),
+                rotation=self.options.core.rotation if rotates([hint(s) for s in val.shape], val.dtype, bits,
+                                                               self.options.core.rotation) else 0,
             )
         )
 
@@ -388,8 +392,9 @@ def assign_bits(plan: CompressionPlan, choose: BitsChooser, estimate_bits: int |
         val = compression.source.meta["val"]
         shown = max(estimate_bits or 1, floor) if bits == RUNTIME_BITS else bits
         after = hint(blob_nbytes(layout_of(val).numel, val.dtype, shown, compression.group_size))
+        rotation = 0 if bits == PASS_THROUGH_BITS else compression.rotation
         updated.append(dataclasses.replace(compression, bits=bits, bytes_after=after, floor=floor, bits_reason=reason,
-                                           bits_source=source))
+                                           bits_source=source, rotation=rotation))
     return dataclasses.replace(plan, compressions=tuple(updated))
 
 

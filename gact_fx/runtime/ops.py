@@ -54,6 +54,7 @@ from .kernels import decode_mask, decode_permuted, encode_permuted
 from .layout import arrange, inverse_permutation
 from .probe import is_stashing
 from .registry import DIRECTORY
+from .rotation import rotate, rotates, unrotate_
 
 RUNTIME_BITS = fmt.RUNTIME_BITS
 
@@ -99,6 +100,8 @@ def quantize(x: torch.Tensor, bits: int, group_size: int, perm: Sequence[int], s
     site = DIRECTORY.site(slot)
     if bits == RUNTIME_BITS:
         bits = site.runtime_bits()
+    if site.rotation and rotates(x.shape, x.dtype, bits, site.rotation):
+        x = rotate(x, site.rotation)
     state = site.rng_state(x.device)
     count = None if site.pinned else (lambda: site.advance(state))
     blob = encode_permuted(x, perm, bits, group_size, state=state, count=count)
@@ -130,10 +133,15 @@ def dequantize(
     layout: Sequence[int] | None = None,
 ) -> torch.Tensor:
     numel = math.prod(shape)
-    flat = DIRECTORY.site(slot).probe.replacement(blob, numel, dtype, group_size)
+    site = DIRECTORY.site(slot)
+    flat = site.probe.replacement(blob, numel, dtype, group_size)
     if flat is None:
-        return decode_permuted(blob, shape, dtype, group_size, perm, layout)
-    return arrange(flat, shape, perm, layout)
+        decoded = decode_permuted(blob, shape, dtype, group_size, perm, layout)
+    else:
+        decoded = arrange(flat, shape, perm, layout)
+    if site.rotation and rotates(shape, dtype, fmt.bits_from_blob_nbytes(blob.numel()), site.rotation):
+        unrotate_(decoded, site.rotation)
+    return decoded
 
 
 def _arranged_fake(blob, shape, dtype, perm, layout) -> torch.Tensor:

@@ -38,6 +38,7 @@ class Site:
         self.bits: int | None = None  # run-time width of a RUNTIME_BITS site
         self.pinned = False  # the same noise on every call (opcheck compares calls)
         self.probe = SiteProbe()  # its part in a sensitivity probe (``runtime.probe``)
+        self.rotation = 0  # the Hadamard block of its lossy blobs (``runtime.rotation``); 0: none
         self._states: dict[torch.device, torch.Tensor] = {}
         self._host_count: ctypes.c_int64 | None = None  # the CPU state's count, written in place
 

@@ -72,6 +72,7 @@ CASES = [
     Case("block", (("bits", 2),), torch.bfloat16),
     Case("block", (("bits", 8),), torch.float16),
     Case("block", (("bits", 2), ("feature_groups", True), ("group_size", 32))),
+    Case("block", (("bits", 2), ("rotation", 16)), torch.bfloat16),  # rotated in torch around the kernels
     Case("block", (("bits", 4), ("group_size", 96))),  # not a power of two: chunks padded
     Case("conv", (("bits", 2),)),
     Case("block", (("level", "L2"), ("adapt_interval", 2))),  # run-time bits, probes re-quantize by explicit key
