@@ -7,14 +7,14 @@ each a process of its own with a hard time limit (``BUDGET``); at its limit a pa
 interrupted (SIGINT, so pytest still writes its report), then killed. Each part writes
 its results as it goes, so a part that fails or runs out of time costs only itself:
 
-1. tests: the GPU tests (``pytest -m gpu`` on the repository's ``tests/``);
+1. tests: the GPU tests (``pytest -m gpu`` on the ``tests/`` of the checkout it is run from);
 2. kernels: quantize and dequantize GB/s per width and dtype, against a device copy;
 3. models: step time, peak memory, activation bytes and predicted max batch of a 0.4B
    Llama-like transformer and ResNet-50 under bf16 autocast: torch.compile against
    gact at 4 and 2 bits and at L2.2 (``bench.gpu_workloads``).
 
 It ends with one summary block (``gpu_suite.md``, printed) and ``gpu_suite.json``;
-``gact-fx bench --report-only`` folds the JSON into BENCHMARKS.md. ``scale="tiny"``,
+``gact-fx bench --report-only`` (or a checkout's ``benchmarks/report.py``) folds the JSON into a report. ``scale="tiny"``,
 ``device="cpu"`` run the same plumbing small on a CPU (the test suite's dry run). Without
 CUDA the full suite stops at once with a message that says so.
 """
@@ -90,8 +90,8 @@ def run_limited(command: list[str], seconds: float, *, cwd: pathlib.Path | None 
 
 
 def tests_directory() -> pathlib.Path | None:
-    """The repository's tests/ beside the package (an editable install from the repository)."""
-    candidate = pathlib.Path(__file__).resolve().parents[2] / "tests"
+    """``tests/`` of the checkout the suite is run from (the working directory), if it has one."""
+    candidate = pathlib.Path.cwd() / "tests"
     return candidate if (candidate / "conftest.py").exists() else None
 
 
@@ -102,7 +102,7 @@ def run_tests(out: pathlib.Path, seconds: float, selection: list[str] | None = N
     if selection is None:
         tests = tests_directory()
         if tests is None:
-            return {"status": "not run: no tests/ beside the package (install the repository with -e)"}
+            return {"status": "not run: no tests/ in the working directory (run the suite from a checkout)"}
         selection = [*GPU_TESTS, str(tests)]
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *selection]
     log.info("gpu suite: %s", " ".join(command))

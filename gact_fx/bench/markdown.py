@@ -1,4 +1,4 @@
-"""Generate BENCHMARKS.md from the result files of ``gact-fx bench`` and ``benchmarks/``.
+"""The Markdown report of benchmark result files: ``gact-fx bench``'s, and ``benchmarks/``' through ``benchmarks/report.py``.
 
 Every section comes from one JSON file with its ``meta`` (device, torch version, date,
 command) printed above its table, so each number carries where and how it was made.
@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+from collections.abc import Mapping
 
 from ..report import format_bytes
 from ..runtime.format import ideal_ratio
@@ -139,74 +140,19 @@ def table_section(title: str, note: str, data: dict, figure: str = "") -> str:
     return f"## {title}\n\n{_meta(data['meta'])}\n{note}\n{figure}\n{data['markdown']}\n"
 
 
-TABLE_FILES = {
-    "gradient_variance.json": ("Gradient variance: uniform against adaptive bits",
-                               "Relative variance E||g - g_exact||^2 / ||g_exact||^2 over rounding seeds."),
-    "adaptive_overhead.json": ("Cost of adaptive bits", "A probe step against a normal step, amortised over the interval."),
-    "cpu_step_time.json": ("CPU step time of the gact backend", "Ratios against the same compile path with gact disabled."),
-    "cpu_step_time_feature_groups.json": ("CPU step time with feature groups",
-                                          "`feature_groups=True` against contiguous groups, in the same run. The "
-                                          "CPU codec reads and writes the tensor's own layout (no transposed copy) "
-                                          "where its tokens fill whole groups and its features come in eights."),
-    "compile_time.json": ("Compile time on the CPU: gact against plain Inductor, cold and warm",
-                          "`benchmarks/compile_time.py`: the first training step (forward and backward, both "
-                          "compiled) in a fresh process per run, on an empty Inductor cache (cold: every kernel "
-                          "built, gact's CPU codec too) and again on the cache the cold run filled (warm)."),
-    "compile_time_adaptive.json": ("Compile time on the CPU: adaptive bits",
-                                   "`benchmarks/compile_time.py --models bert llama-base --bits 2 --levels L2.2 "
-                                   "--repeats 1 --steps 3 --name compile_time_adaptive`: as above, with an adaptive "
-                                   "level, whose first two steps are sensitivity probes."),
-    "cpu_peak_memory.json": ("Peak step memory on the CPU: transformers at base width",
-                             "`benchmarks/cpu_peak_memory.py`: one training step per method, the caller keeping only the "
-                             "loss; peak from the CPU profiler's allocation events, above what was live before the step."),
-    "cpu_peak_memory_batch8.json": ("Peak step memory on the CPU: the same at twice the batch",
-                                    "`benchmarks/cpu_peak_memory.py --batch 8`: as above, with twice the tokens per step."),
-    "cpu_peak_memory_base.json": ("Peak step memory on the CPU: the zoo's base size",
-                                  "`benchmarks/cpu_peak_memory.py --layers 12 --sequence 512 --batch 16`: the zoo's base "
-                                  "size (12 layers, hidden 768, batch 16 x 512 tokens), otherwise as above."),
-    "cpu_peak_memory_base_bert.json": ("Peak step memory on the CPU: every method on BERT at the zoo's base size",
-                                       "`benchmarks/cpu_peak_memory.py --models bert --layers 12 --sequence 512 "
-                                       "--batch 16 --steps 1 --name cpu_peak_memory_base_bert`."),
-    "cpu_step_base_inductor.json": ("Step time on the CPU under Inductor: transformers at base width",
-                                    "`benchmarks/cpu_peak_memory.py --methods torch.compile 'gact 2 bit' 'gact L2.2 "
-                                    "(adaptive 2)' --compiler inductor --steps 5 --name cpu_step_base_inductor`: the table "
-                                    "above, compiled by Inductor, with adaptive bits."),
-    "kernels.json": ("Kernels: quantize / dequantize bandwidth and step time",
-                     "Against the faster of two copies of the same tensor on the same device: into a new tensor, and "
-                     "into a buffer allocated once."),
-    "kernels_cpu_2threads.json": ("Kernels on two CPU threads",
-                                  "`benchmarks/kernels.py --skip-steps --threads 2 --name kernels_cpu_2threads`: the "
-                                  "codec's groups split over torch's threads, the copies likewise."),
-    "kernels_cpu_large.json": ("Kernels on large CPU tensors", "`benchmarks/kernels.py --skip-steps --numel 33554432 "
-                               "--name kernels_cpu_large`: 32M elements, larger than the caches, as saved activations of "
-                               "base-size models are (BERT-base's attention probabilities at batch 16 x 512: 48M)."),
-    "kernels_cpu_large_thp.json": ("Kernels on large CPU tensors, with huge pages",
-                                   "`THP_MEM_ALLOC_ENABLE=1 benchmarks/kernels.py --skip-steps --numel 33554432 --name "
-                                   "kernels_cpu_large_thp`: as above, with torch's CPU allocator asking for transparent "
-                                   "huge pages, so that a fresh allocation faults once per 2 MB instead of once per 4 KB."),
-    "warm_gradient_error_groups.json": ("Gradient error against bytes: widths and group sizes",
-                                        "One draw's gradient error on the Llama after 300 fp32 steps, each width at each "
-                                        "group size; the activation bytes include each group's 8 bytes of metadata and "
-                                        "the attention floors (8 bits)."),
-    "warm_gradient_error_floors.json": ("Gradient error against bytes: attention floors and adaptive levels",
-                                        "As above: uniform widths with attention's floors at 4 bits instead of 8 "
-                                        "(`nonlinear_bits=4`), beside the adaptive levels."),
-    "warm_gradient_error_rotation.json": ("Gradient error against bytes: a random-sign Hadamard rotation (candidate format)",
-                                          "As above, with each lossy tensor rotated blockwise (32 or 128 elements) along "
-                                          "its innermost dimension before quantizing and rotated back after decoding "
-                                          "(`benchmarks/_rotation.py`, a measurement wrapper; no codec writes it yet). "
-                                          "Same bytes; the error is what changes."),
-    "static_kernels.json": ("GPU kernels, static: instructions per element against the memory-speed budget",
-                            "`python benchmarks/static_kernels.py`: every variant the CUDA path launches, compiled "
-                            "for sm_90 and read back with cuobjdump on this CPU machine. A static model: the GPU "
-                            "suite's measured kernel table (when a GPU ran it) is the test of it."),
+# The result files ``gact-fx bench`` itself writes as a ready table; the repository's
+# ``benchmarks/report.py`` passes its scripts' files too.
+TABLES = {
     "gpu_suite.json": ("GPU suite", "`gact-fx bench --gpu-suite`: the GPU tests, the kernels against a device copy, and "
                        "three models against torch.compile."),
 }
 
 
-def write_markdown(results: pathlib.Path, target: pathlib.Path) -> pathlib.Path:
-    """Write the report on the result files in ``results`` to ``target`` (any path)."""
+def write_markdown(results: pathlib.Path, target: pathlib.Path, *, tables: Mapping[str, tuple[str, str]] = TABLES,
+                   generator: str = "gact-fx bench") -> pathlib.Path:
+    """Write the report on the result files in ``results`` to ``target`` (any path): the
+    suite's and accuracy runs', every ``convergence_*.json``, and each file of ``tables``
+    (name: title and note) that carries a ready table."""
     loaded: list[dict] = []
 
     def load(path: pathlib.Path) -> dict:
@@ -214,7 +160,7 @@ def write_markdown(results: pathlib.Path, target: pathlib.Path) -> pathlib.Path:
         return loaded[-1]
 
     source = pathlib.Path(os.path.relpath(results.resolve(), target.resolve().parent)).as_posix()
-    sections = ["# Benchmarks\n", f"Generated by `gact-fx bench` from `{source}/*.json`. Every section states the "
+    sections = ["# Benchmarks\n", f"Generated by `{generator}` from `{source}/*.json`. Every section states the "
                 "device, torch version, date and command its numbers came from; CPU numbers are CPU numbers.\n"]
     if (results / "suite.json").exists():
         sections.append(suite_section(load(results / "suite.json"))
@@ -225,7 +171,7 @@ def write_markdown(results: pathlib.Path, target: pathlib.Path) -> pathlib.Path:
                         + _figure("training curves", results / "accuracy_curves.png", target))
     for path in sorted(p for p in results.glob("convergence_*.json") if "." not in p.stem):  # not the parts
         sections.append(convergence_section(path, load(path), target))
-    for name, (title, note) in TABLE_FILES.items():
+    for name, (title, note) in tables.items():
         if (results / name).exists():
             data = load(results / name)
             if "markdown" in data:

@@ -83,3 +83,11 @@ def test_the_test_summary_reads_pytests_junit_report(tmp_path):
     summary = gpu_suite.junit_summary(path)
     assert (summary["passed"], summary["skipped"], summary["failed"]) == (1, 1, 1)
     assert summary["failures"] == ["c: AssertionError: off by 1e6"]
+
+
+def test_the_tests_part_runs_the_tests_of_the_working_directory(tmp_path, monkeypatch):
+    repository = gpu_suite.tests_directory()
+    assert repository is not None and (repository / "conftest.py").exists()  # the suite runs from the checkout's root
+    monkeypatch.chdir(tmp_path)
+    assert gpu_suite.tests_directory() is None
+    assert gpu_suite.run_tests(tmp_path, 10)["status"].startswith("not run: no tests/ in the working directory")

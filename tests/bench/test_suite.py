@@ -80,7 +80,7 @@ def test_a_sections_note_on_its_conditions_is_printed_under_its_metadata(tmp_pat
     meta = {"device": "CPU: x", "torch": "y", "date": "z", "command": "c", "note": "Taken while another job ran."}
     (tmp_path / "kernels.json").write_text(json.dumps({"meta": meta, "markdown": "| a |"}))
     (tmp_path / "suite.json").write_text(json.dumps({"meta": dict(meta, note=None), "rows": []}))
-    text = write_markdown(tmp_path, tmp_path / "B.md").read_text()
+    text = write_markdown(tmp_path, tmp_path / "B.md", tables={"kernels.json": ("Kernels", "")}).read_text()
     assert "command: `c`*\n\nTaken while another job ran.\n" in text and text.count("Taken while") == 1
 
 

@@ -1,0 +1,90 @@
+"""Regenerate BENCHMARKS.md from benchmarks/results: every script's table, the convergence
+runs, and ``gact-fx bench``'s own files (the suite, the GPU suite).
+
+    python benchmarks/report.py
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+from gact_fx.bench.markdown import TABLES, write_markdown
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from benchmarks._results import RESULTS  # noqa: E402
+
+# Each script's result file that carries a ready table: its section's title and note.
+TABLE_FILES = {
+    "gradient_variance.json": ("Gradient variance: uniform against adaptive bits",
+                               "Relative variance E||g - g_exact||^2 / ||g_exact||^2 over rounding seeds."),
+    "adaptive_overhead.json": ("Cost of adaptive bits", "A probe step against a normal step, amortised over the interval."),
+    "cpu_step_time.json": ("CPU step time of the gact backend", "Ratios against the same compile path with gact disabled."),
+    "cpu_step_time_feature_groups.json": ("CPU step time with feature groups",
+                                          "`feature_groups=True` against contiguous groups, in the same run. The "
+                                          "CPU codec reads and writes the tensor's own layout (no transposed copy) "
+                                          "where its tokens fill whole groups and its features come in eights."),
+    "compile_time.json": ("Compile time on the CPU: gact against plain Inductor, cold and warm",
+                          "`benchmarks/compile_time.py`: the first training step (forward and backward, both "
+                          "compiled) in a fresh process per run, on an empty Inductor cache (cold: every kernel "
+                          "built, gact's CPU codec too) and again on the cache the cold run filled (warm)."),
+    "compile_time_adaptive.json": ("Compile time on the CPU: adaptive bits",
+                                   "`benchmarks/compile_time.py --models bert llama-base --bits 2 --levels L2.2 "
+                                   "--repeats 1 --steps 3 --name compile_time_adaptive`: as above, with an adaptive "
+                                   "level, whose first two steps are sensitivity probes."),
+    "cpu_peak_memory.json": ("Peak step memory on the CPU: transformers at base width",
+                             "`benchmarks/cpu_peak_memory.py`: one training step per method, the caller keeping only the "
+                             "loss; peak from the CPU profiler's allocation events, above what was live before the step."),
+    "cpu_peak_memory_batch8.json": ("Peak step memory on the CPU: the same at twice the batch",
+                                    "`benchmarks/cpu_peak_memory.py --batch 8`: as above, with twice the tokens per step."),
+    "cpu_peak_memory_base.json": ("Peak step memory on the CPU: the zoo's base size",
+                                  "`benchmarks/cpu_peak_memory.py --layers 12 --sequence 512 --batch 16`: the zoo's base "
+                                  "size (12 layers, hidden 768, batch 16 x 512 tokens), otherwise as above."),
+    "cpu_peak_memory_base_bert.json": ("Peak step memory on the CPU: every method on BERT at the zoo's base size",
+                                       "`benchmarks/cpu_peak_memory.py --models bert --layers 12 --sequence 512 "
+                                       "--batch 16 --steps 1 --name cpu_peak_memory_base_bert`."),
+    "cpu_step_base_inductor.json": ("Step time on the CPU under Inductor: transformers at base width",
+                                    "`benchmarks/cpu_peak_memory.py --methods torch.compile 'gact 2 bit' 'gact L2.2 "
+                                    "(adaptive 2)' --compiler inductor --steps 5 --name cpu_step_base_inductor`: the table "
+                                    "above, compiled by Inductor, with adaptive bits."),
+    "kernels.json": ("Kernels: quantize / dequantize bandwidth and step time",
+                     "Against the faster of two copies of the same tensor on the same device: into a new tensor, and "
+                     "into a buffer allocated once."),
+    "kernels_cpu_2threads.json": ("Kernels on two CPU threads",
+                                  "`benchmarks/kernels.py --skip-steps --threads 2 --name kernels_cpu_2threads`: the "
+                                  "codec's groups split over torch's threads, the copies likewise."),
+    "kernels_cpu_large.json": ("Kernels on large CPU tensors", "`benchmarks/kernels.py --skip-steps --numel 33554432 "
+                               "--name kernels_cpu_large`: 32M elements, larger than the caches, as saved activations of "
+                               "base-size models are (BERT-base's attention probabilities at batch 16 x 512: 48M)."),
+    "kernels_cpu_large_thp.json": ("Kernels on large CPU tensors, with huge pages",
+                                   "`THP_MEM_ALLOC_ENABLE=1 benchmarks/kernels.py --skip-steps --numel 33554432 --name "
+                                   "kernels_cpu_large_thp`: as above, with torch's CPU allocator asking for transparent "
+                                   "huge pages, so that a fresh allocation faults once per 2 MB instead of once per 4 KB."),
+    "warm_gradient_error_groups.json": ("Gradient error against bytes: widths and group sizes",
+                                        "One draw's gradient error on the Llama after 300 fp32 steps, each width at each "
+                                        "group size; the activation bytes include each group's 8 bytes of metadata and "
+                                        "the attention floors (8 bits)."),
+    "warm_gradient_error_floors.json": ("Gradient error against bytes: attention floors and adaptive levels",
+                                        "As above: uniform widths with attention's floors at 4 bits instead of 8 "
+                                        "(`nonlinear_bits=4`), beside the adaptive levels."),
+    "warm_gradient_error_rotation.json": ("Gradient error against bytes: a random-sign Hadamard rotation (candidate format)",
+                                          "As above, with each lossy tensor rotated blockwise (32 or 128 elements) along "
+                                          "its innermost dimension before quantizing and rotated back after decoding "
+                                          "(`benchmarks/_rotation.py`, a wrapper around the ops written before the "
+                                          "`rotation` option, which does the same). Same bytes; the error is what "
+                                          "changes."),
+    "static_kernels.json": ("GPU kernels, static: instructions per element against the memory-speed budget",
+                            "`python benchmarks/static_kernels.py`: every variant the CUDA path launches, compiled "
+                            "for sm_90 and read back with cuobjdump on this CPU machine. A static model: the GPU "
+                            "suite's measured kernel table (when a GPU ran it) is the test of it."),
+}
+
+
+def main() -> None:
+    target = RESULTS.parent.parent / "BENCHMARKS.md"
+    write_markdown(RESULTS, target, tables={**TABLE_FILES, **TABLES}, generator="python benchmarks/report.py")
+    print(f"wrote {target}")
+
+
+if __name__ == "__main__":
+    main()
