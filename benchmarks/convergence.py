@@ -3,11 +3,6 @@
     python benchmarks/convergence.py --task mnist1d --steps 2000
     python benchmarks/convergence.py --task charlm --steps 1000 --methods fp32 "L1.2 (2 bit)" "L2.2 (adaptive 2)"
     python benchmarks/convergence.py --task charlm-llama --steps 1000 --clip-grad-norm 1.0   # as the transformers Trainer
-    python benchmarks/convergence.py --task charlm-llama --steps 1000 --methods "3 bit" --hadamard 32
-
-``--hadamard BLOCK`` trains the compressed methods with a candidate format: a random-sign
-Hadamard rotation of each BLOCK along the innermost dimension before quantizing
-(``benchmarks/_rotation.py``); their names gain ", Hadamard BLOCK".
 
 Methods can run in separate processes (``--part NAME`` writes ``convergence_<task>.NAME.json``)
 and be merged (``--merge``; ``--append`` adds them to the results already there), so that two
@@ -21,7 +16,6 @@ the activation bytes it actually reached.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import pathlib
@@ -33,9 +27,6 @@ from gact_fx.bench.metadata import metadata
 from gact_fx.bench.tasks import TASKS
 from gact_fx.bench.train import METHODS, TrainResult, largest_norm_ratio, train
 from gact_fx.dynamo_backend import resolve_compiler
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-from benchmarks._rotation import rotated_blobs  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 
@@ -108,7 +99,6 @@ def main(argv=None):
     parser.add_argument("--clip-grad-norm", type=float, metavar="NORM",
                         help="clip the gradients' total norm to NORM before each step (results: convergence_<task>_clipNORM, "
                              "0.5 written 0p5)")
-    parser.add_argument("--hadamard", type=int, metavar="BLOCK", help="rotate before quantizing (a candidate format)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     task = TASKS[args.task](seed=args.seed)
@@ -128,20 +118,14 @@ def main(argv=None):
                                 **({"clip_grad_norm": args.clip_grad_norm} if args.clip_grad_norm else {})}
     results = []
     for method in args.methods:
-        rotate = args.hadamard and method != "fp32"
-        name = f"{method}, Hadamard {args.hadamard}" if rotate else method
-
         def progress(result):
             step, value = result.curve[-1]
-            print(f"  {name:20s} step {step:5d}/{args.steps}  {task.metric} {value:.4f}", file=sys.stderr, flush=True)
+            print(f"  {method:20s} step {step:5d}/{args.steps}  {task.metric} {value:.4f}", file=sys.stderr, flush=True)
 
-        print(f"{task.name}: {name}", file=sys.stderr, flush=True)
+        print(f"{task.name}: {method}", file=sys.stderr, flush=True)
         torch._dynamo.reset()
-        with rotated_blobs(args.hadamard) if rotate else contextlib.nullcontext() as rotation:
-            results.append(train(task, name, METHODS[method], steps=args.steps, eval_every=args.eval_every,
-                                 seed=args.seed, progress=progress, max_grad_norm=args.clip_grad_norm))
-        if rotation is not None:
-            print(f"  rotated {rotation.rotated_numel} of {rotation.lossy_numel} lossy elements", file=sys.stderr)
+        results.append(train(task, method, METHODS[method], steps=args.steps, eval_every=args.eval_every, seed=args.seed,
+                             progress=progress, max_grad_norm=args.clip_grad_norm))
         if args.part:  # after each method, so that a run stopped early keeps what it finished
             stem.with_suffix(f".{args.part}.json").write_text(
                 json.dumps({"meta": meta, "results": [dataclasses.asdict(r) for r in results]}, indent=1))

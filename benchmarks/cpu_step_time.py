@@ -7,6 +7,7 @@ in the same run. Prints a Markdown table (and writes JSON with --json).
     python benchmarks/cpu_step_time.py --models fashion-cnn char-gpt --compilers eager --bits 2
     python benchmarks/cpu_step_time.py --models block --compilers eager
     python benchmarks/cpu_step_time.py --models char-gpt --bits 2 --feature-groups --name cpu_step_time_feature_groups
+    python benchmarks/cpu_step_time.py --models char-gpt block --compilers inductor --bits 3 --rotation 32 --name cpu_step_time_rotation
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--lowering", default="op", choices=("op", "aten"), help="gact's lowering (aten: Inductor only)")
     parser.add_argument("--feature-groups", action="store_true", help="also measure each width with feature_groups=True")
+    parser.add_argument("--rotation", type=int, default=0, help="also measure each width with this rotation block")
     parser.add_argument("--name", default="cpu_step_time", help="results file stem")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -89,11 +91,15 @@ def main(argv=None):
             base_compile, base_step = measure(model, inputs, gact_fx.backend(enabled=False, compiler=compiler), args.steps)
             rows.append(dict(model=name, compiler=compiler, bits="off", compile_s=base_compile, step_ms=1e3 * base_step, ratio=1.0))
             print(f"{name} {compiler} off: {1e3 * base_step:.1f} ms", file=sys.stderr, flush=True)
+            variants = {"": {}}
+            if args.feature_groups:
+                variants[", feature groups"] = {"feature_groups": True}
+            if args.rotation:
+                variants[f", rotation {args.rotation}"] = {"rotation": args.rotation}
             for bits in args.bits:
-                for feature_groups in (False, True) if args.feature_groups else (False,):
-                    backend = gact_fx.backend(bits=bits, compiler=compiler, lowering=args.lowering,
-                                              feature_groups=feature_groups)
-                    label = f"{bits}, feature groups" if feature_groups else bits
+                for suffix, options in variants.items():
+                    backend = gact_fx.backend(bits=bits, compiler=compiler, lowering=args.lowering, **options)
+                    label = f"{bits}{suffix}" if suffix else bits
                     compile_s, step = measure(model, inputs, backend, args.steps)
                     rows.append(dict(model=name, compiler=compiler, bits=label, compile_s=compile_s, step_ms=1e3 * step,
                                      ratio=step / base_step))

@@ -24,6 +24,9 @@ TABLE_FILES = {
                                           "`feature_groups=True` against contiguous groups, in the same run. The "
                                           "CPU codec reads and writes the tensor's own layout (no transposed copy) "
                                           "where its tokens fill whole groups and its features come in eights."),
+    "cpu_step_time_rotation.json": ("CPU step time with the rotation",
+                                    "`rotation=32` against none, at 3 bits under Inductor, in the same run: the "
+                                    "rotation is a torch matmul around the C++ codec."),
     "compile_time.json": ("Compile time on the CPU: gact against plain Inductor, cold and warm",
                           "`benchmarks/compile_time.py`: the first training step (forward and backward, both "
                           "compiled) in a fresh process per run, on an empty Inductor cache (cold: every kernel "
@@ -67,12 +70,12 @@ TABLE_FILES = {
     "warm_gradient_error_floors.json": ("Gradient error against bytes: attention floors and adaptive levels",
                                         "As above: uniform widths with attention's floors at 4 bits instead of 8 "
                                         "(`nonlinear_bits=4`), beside the adaptive levels."),
-    "warm_gradient_error_rotation.json": ("Gradient error against bytes: a random-sign Hadamard rotation (candidate format)",
-                                          "As above, with each lossy tensor rotated blockwise (32 or 128 elements) along "
-                                          "its innermost dimension before quantizing and rotated back after decoding "
-                                          "(`benchmarks/_rotation.py`, a wrapper around the ops written before the "
-                                          "`rotation` option, which does the same). Same bytes; the error is what "
-                                          "changes."),
+    "warm_gradient_error_rotation.json": ("Gradient error against bytes: a random-sign Hadamard rotation",
+                                          "As above, each configuration without and with `rotation=32` (blocks of 32 "
+                                          "along the innermost dimension rotated before rounding), at groups of 256 "
+                                          "and 64. Same bytes; the error is what changes."),
+    "warm_gradient_error_rotation_gpt.json": ("Gradient error against bytes: the rotation on the char GPT",
+                                              "As above, on the character GPT after 300 fp32 steps (`--task charlm`)."),
     "static_kernels.json": ("GPU kernels, static: instructions per element against the memory-speed budget",
                             "`python benchmarks/static_kernels.py`: every variant the CUDA path launches, compiled "
                             "for sm_90 and read back with cuobjdump on this CPU machine. A static model: the GPU "

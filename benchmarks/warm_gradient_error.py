@@ -15,15 +15,12 @@ Markdown table (and writes it to benchmarks/results/NAME.json with ``--name``).
     python benchmarks/warm_gradient_error.py --configs "uniform 2" --group-sizes 256 64
     python benchmarks/warm_gradient_error.py --configs "uniform 2" --rotations 0 32 128
 
-``--rotations`` measures a candidate format (``benchmarks/_rotation.py``): a random-sign
-Hadamard rotation of that block along the innermost dimension before quantizing (0: none);
-``--rotate-only-bits B`` rotates only the tensors stored at B bits (the attention floor's).
+``--rotations`` runs each configuration also with ``rotation`` set to each block (0: none).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import pathlib
 import sys
 
@@ -34,7 +31,6 @@ from gact_fx.bench.tasks import TASKS
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from benchmarks._results import save_table  # noqa: E402
-from benchmarks._rotation import rotated_blobs  # noqa: E402
 from tests.helpers import flat_grad, loss_draws, relative_error  # noqa: E402
 
 _PROBE_ALL = {"probe_tensors": 10_000, "adapt_interval": 10**6}  # every tensor measured once, then frozen
@@ -94,8 +90,7 @@ def main(argv=None) -> None:
     parser.add_argument("--group-sizes", nargs="+", type=int, default=[256],
                         help="each configuration at each of these group sizes (bytes held include the metadata)")
     parser.add_argument("--rotations", nargs="+", type=int, default=[0],
-                        help="each configuration also with a Hadamard rotation of these blocks (0: none)")
-    parser.add_argument("--rotate-only-bits", type=int, help="rotate only the tensors stored at these bits")
+                        help="each configuration at each of these rotation blocks (0: none)")
     parser.add_argument("--name", help="also write the table to benchmarks/results/NAME.json (for BENCHMARKS.md)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -113,15 +108,10 @@ def main(argv=None) -> None:
     runs = [(config, size, block) for config in args.configs for size in args.group_sizes for block in args.rotations]
     for config, group_size, block in runs:
         name = config + ("" if len(args.group_sizes) == 1 else f", groups of {group_size}")
-        if block:
-            only = "" if args.rotate_only_bits is None else f" of the {args.rotate_only_bits}-bit tensors"
-            name += f", Hadamard {block}{only}"
+        name += f", rotation {block}" if block else ""
         print(f"  {name} ...", file=sys.stderr, flush=True)
-        rotation = rotated_blobs(block, args.rotate_only_bits) if block else contextlib.nullcontext()
-        with rotation as rotated:
-            grads, report = draws(model, batch, task.loss, CONFIGS[config] | {"group_size": group_size}, args.draws)
-        if rotated is not None:
-            print(f"    rotated {rotated.rotated_numel} of {rotated.lossy_numel} lossy elements", file=sys.stderr)
+        options = CONFIGS[config] | {"group_size": group_size, "rotation": block}
+        grads, report = draws(model, batch, task.loss, options, args.draws)
         single = sum(relative_error(g, exact) for g in grads) / len(grads)
         floor = single / len(grads) ** 0.5
         per_tensor = sum(per_parameter_error(g, exact, sizes) for g in grads) / len(grads)

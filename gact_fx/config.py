@@ -83,6 +83,7 @@ class CoreConfig:
     logits): the caller still gets them in full precision, and a caller that keeps only
     the loss drops them, leaving the backward's compressed copy. A caller that keeps its
     outputs pays ``(bits + 0.25) / 32`` of them extra."""
+
     def __post_init__(self) -> None:
         for name in ("enabled", "feature_groups", "compress_inputs", "compress_outputs"):
             _check_type(name, getattr(self, name), bool)
@@ -132,6 +133,7 @@ class AdaptiveConfig:
     element count over its squared gradient norm: the noise an Adam-type optimiser's
     update carries (it divides each gradient by its running RMS). Measured on one task
     only (BENCHMARKS.md), hence not the default."""
+
     def __post_init__(self) -> None:
         for name in ("adapt_interval", "probe_bits", "probe_tensors"):
             _check_type(name, getattr(self, name), int)
@@ -176,6 +178,7 @@ class PassesConfig:
     offload: bool = False
     """Keep the compressed blobs in CPU memory between forward and backward (GACT's L3),
     through torch's activation-offloading pass; on a CPU-only machine it changes nothing."""
+
     def __post_init__(self) -> None:
         for name in ("save_derivatives", "recompute_attention", "recompute_affine", "offload"):
             _check_type(name, getattr(self, name), bool)
@@ -203,6 +206,7 @@ class CompileConfig:
     partitioner: str = "min_cut"
     """Which stock partitioner decides what is saved before gact compresses it:
     'min_cut' (Inductor's; recomputes cheap ops) or 'default' (saves everything used)."""
+
     def __post_init__(self) -> None:
         if self.compiler not in COMPILERS:
             raise ValueError(f"compiler must be one of {COMPILERS}, got {self.compiler!r}")
