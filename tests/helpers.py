@@ -9,6 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import gact_fx
+from gact_fx.bench.tasks import Block as TransformerBlock  # pre-norm attention + GELU MLP
 
 
 class MLP(nn.Module):
@@ -20,26 +21,6 @@ class MLP(nn.Module):
 
     def forward(self, x):
         return self.net(x)
-
-
-class TransformerBlock(nn.Module):
-    """Pre-norm: LayerNorm, causal SDPA attention, residual; LayerNorm, GELU MLP, residual.
-    The override tests name its tensors by these attributes (``ln1``, ``qkv``, ``fc1``)."""
-
-    def __init__(self, dim: int = 64, heads: int = 4):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
-
-    def forward(self, x):
-        batch, tokens, dim = x.shape
-        heads = self.qkv(self.ln1(x)).view(batch, tokens, 3, self.heads, dim // self.heads)
-        q, k, v = heads.permute(2, 0, 3, 1, 4)
-        attention = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(attention.transpose(1, 2).reshape(batch, tokens, dim))
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
 
 class ConvBlock(nn.Module):

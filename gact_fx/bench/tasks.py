@@ -93,7 +93,8 @@ class Mnist1dTask(_TensorClassification):
 
 
 class Block(nn.Module):
-    """Pre-norm block: LayerNorm, causal SDPA attention, GELU MLP, residuals."""
+    """Pre-norm block: LayerNorm, causal SDPA attention, GELU MLP, residuals (also the
+    tests' transformer block: the override tests name its tensors by ``ln1``, ``qkv``, ``fc1``)."""
 
     def __init__(self, dim: int = 64, heads: int = 4):
         super().__init__()
