@@ -82,7 +82,7 @@ class CoreConfig:
     """Also compress the model outputs the backward saves (transformers' KV caches, the
     logits): the caller still gets them in full precision, and a caller that keeps only
     the loss drops them, leaving the backward's compressed copy. A caller that keeps its
-    outputs pays ``(bits + 0.25) / 32`` of them extra."""
+    outputs pays ``(bits + 0.125) / 32`` of them extra."""
 
     def __post_init__(self) -> None:
         for name in ("enabled", "feature_groups", "compress_inputs", "compress_outputs"):

@@ -104,7 +104,7 @@ def test_an_untraceable_model_can_fall_back_to_saved_tensor_hooks(caplog):
         step(compressed, inputs)  # the first step finds out, uncompressed, and says so
     assert compressed.gact.mode == "hooks" and any("saved-tensor hooks" in m for m in caplog.messages)
     assert relative_error(step(compressed, inputs), expected) < 2e-2
-    # At 8 bits a float tensor keeps (8 + 0.25) / 32 of its bytes; tensors under min_numel stay.
+    # At 8 bits a float tensor keeps (8 + 0.125) / 32 of its bytes; tensors under min_numel stay.
     compressed_bytes = saved_activation_bytes(compressed, *inputs)
     assert uncompressed * ideal_ratio(8) <= compressed_bytes < uncompressed / 3
 

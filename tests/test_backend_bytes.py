@@ -48,7 +48,7 @@ def test_2_bits_saves_at_least_9x_and_matches_the_format(name):
     assert {r.bits for r in report.rows if r.use == "exponential" and r.stored == "compressed"} == {8}
     assert measured == pytest.approx(format_prediction(report), rel=0.05)
     assert report.activation_bytes_before == pytest.approx(baseline, rel=0.05)
-    # The physical limit: nothing beats (b + 0.25) / 32 of fp32 at b bits.
+    # The physical limit: nothing beats (b + 0.125) / 32 of fp32 at b bits.
     assert measured >= baseline * fmt.ideal_ratio(2) * 0.99
 
 

@@ -12,6 +12,8 @@ import sys
 
 import torch
 
+from ..runtime import format as fmt
+
 
 def device_name(device: str) -> str:
     if device == "cuda":
@@ -48,4 +50,5 @@ def metadata(device: str = "cpu", command: list[str] | None = None) -> dict:
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": shlex.join(command if command is not None else [os.path.basename(sys.argv[0]), *sys.argv[1:]]),
+        "metadata_bytes_per_group": fmt.METADATA_BYTES_PER_GROUP,  # the format's, for the limits of its tables
     }

@@ -120,24 +120,47 @@ constexpr int64_t MAX_GROUP = 4096;  // the tail group's buffer
 // What a group stores and encodes with, from its statistics: min and max (special values
 // left out), whether it holds NaN, special values, only special values, and their kinds.
 struct GroupWords {
-  float lo, used, scale_word;  // scale_word: the scale as stored (negated when flagged, NaN when poisoned)
+  float lo, used, half_word;  // half_word: the half range as stored (negated when flagged, NaN when poisoned)
   int top;                     // the largest code of an ordinary value
   bool poison;
 };
 
+// The group words are bfloat16 (runtime.format): the min rounded down, the half range up.
+inline float bfloat16_floor(float x) {
+  if (x != x) return NAN;
+  const uint32_t raw = bits_of(x), kept = raw & 0xFFFF0000u;
+  const uint32_t down = ((raw & 0xFFFFu) && (raw >> 31)) ? kept + 0x10000u : kept;  // negative: away from zero
+  return float_of(down == 0xFF800000u ? 0xFF7F0000u : down);  // never -inf: bfloat16's lowest instead
+}
+inline float bfloat16_ceil(float x) {  // x positive and finite
+  const uint32_t raw = bits_of(x), kept = raw & 0xFFFF0000u;
+  return float_of((raw & 0xFFFFu) ? kept + 0x10000u : kept);
+}
+// A group's 32-bit word: its min's bfloat16 in the high half, its half-range word's in the
+// low half (both floats that are bfloat16s).
+inline uint32_t group_word(float half_word, float lo) { return (bits_of(lo) & 0xFFFF0000u) | (bits_of(half_word) >> 16); }
+inline float word_half(uint32_t word) { return float_of(word << 16); }
+inline float word_min(uint32_t word) { return float_of(word & 0xFFFF0000u); }
+inline uint32_t load_word(const uint8_t* blob, int64_t g) {
+  uint32_t word;
+  std::memcpy(&word, blob + 4 * g, 4);
+  return word;
+}
+
 inline GroupWords group_words(int L, float lo, float hi, bool flagged, bool has_nan, bool all_special, int kind_low,
-                              int kind_high, float scale_max) {
+                              int kind_high, float half_max) {
   if (all_special) { lo = 0.0f; hi = 0.0f; }
   if (has_nan) { lo = NAN; hi = NAN; }
+  lo = bfloat16_floor(lo);
   const int top = L - (flagged ? 1 : 0);
-  const float half = hi * 0.5f - lo * 0.5f;
-  float scale = half * (2.0f / (float)std::max(top, 1));  // runtime.reference: 2 / top rounded, then one multiply
-  if (scale > scale_max) scale = scale_max;
-  if (!(scale > 0.0f)) scale = 1.0f;
-  const uint32_t rounded = ((bits_of(scale) + 3u) & ~3u) | (uint32_t)std::min(std::max(kind_low, 0), 3);
-  const float used = flagged ? float_of(rounded) : scale;
+  float half = hi * 0.5f - lo * 0.5f;
+  const float limit = top <= 1 ? half_max * 0.5f : half_max;
+  if (half > limit) half = limit;
+  half = bfloat16_ceil(half);
+  if (flagged) half = float_of(((bits_of(half) + 0x30000u) & ~0x3FFFFu) | ((uint32_t)std::min(std::max(kind_low, 0), 3) << 16));
+  const float scale = half * (2.0f / (float)std::max(top, 1));  // runtime.reference: 2 / top rounded, then one multiply
   const bool poison = has_nan || (flagged && kind_low != kind_high) || (flagged && top == 0 && hi > lo);
-  return GroupWords{lo, used, poison ? NAN : (flagged ? -used : used), top, poison};
+  return GroupWords{lo, scale > 0.0f ? scale : 1.0f, poison ? NAN : (flagged ? -half : half), top, poison};
 }
 
 typedef uint8_t b16 __attribute__((vector_size(16)));
@@ -306,7 +329,7 @@ inline void store_group_codes64(uint8_t* codes, int64_t group, int64_t j, const 
 // from the L1 cache, the statistics, then noise, rounding and packing, sixteen or eight lanes at a time.
 template <int BITS, typename T>
 void encode_group(const T* src, uint64_t base, int64_t g, int64_t group, int64_t groups, uint8_t* blob,
-                  uint32_t key, float dmax, float scale_max) {
+                  uint32_t key, float dmax, float half_max) {
   constexpr int L = (1 << BITS) - 1;
   const f8 infinity = splat(INFINITY), extreme = splat(dmax);
   f8 low8 = infinity, high8 = -infinity;
@@ -411,15 +434,14 @@ void encode_group(const T* src, uint64_t base, int64_t g, int64_t group, int64_t
     return v[0];
   };
   float lo = fold(low8, false), hi = fold(high8, true);
-  const GroupWords stored = group_words(L, lo, hi, flagged, has_nan, all_special, kind_low, kind_high, scale_max);
+  const GroupWords stored = group_words(L, lo, hi, flagged, has_nan, all_special, kind_low, kind_high, half_max);
   const int top = stored.top;
   const float used = stored.used;
   lo = stored.lo;
-  float* words = reinterpret_cast<float*>(blob);
-  words[g] = stored.scale_word;
-  words[groups + g] = lo;
+  const uint32_t word = group_word(stored.half_word, lo);
+  std::memcpy(blob + 4 * g, &word, 4);
   const bool poison = stored.poison;
-  uint8_t* codes = blob + 8 * groups + g * (group * BITS / 8);
+  uint8_t* codes = blob + 4 * groups + g * (group * BITS / 8);
   if (poison) {
     std::memset(codes, 0, group * BITS / 8);
     return;
@@ -626,15 +648,15 @@ inline u16l load_codes16(const uint8_t* codes, int64_t group, int64_t j) {
 template <int BITS, typename T>
 void decode_group(const uint8_t* blob, int64_t numel, int64_t g, int64_t group, int64_t groups, T* out, float dmax) {
   constexpr uint32_t L = (1u << BITS) - 1;
-  const float* words = reinterpret_cast<const float*>(blob);
-  const float word = words[g];
-  const float scale = std::fabs(word);
-  const bool flagged = word < 0.0f;
-  const uint32_t kind = bits_of(scale) & 3u;
+  const uint32_t stored = load_word(blob, g);
+  const float word = word_half(stored);
+  const bool flagged = bits_of(word) >> 31;  // a flagged half range of 0 is -0.0
+  const float scale = std::fabs(word) * (flagged ? 2.0f / (float)std::max(L - 1, 1u) : 2.0f / (float)L);
+  const uint32_t kind = (bits_of(word) >> 16) & 3u;
   const float extreme = kind >= 2 ? dmax : INFINITY;
-  const f8 special = splat((kind & 1u) ? extreme : -extreme), scale8 = splat(scale), lo = splat(words[groups + g]);
+  const f8 special = splat((kind & 1u) ? extreme : -extreme), scale8 = splat(scale), lo = splat(word_min(stored));
   const u8 marker = splat_u(flagged ? L : L + 1);  // a code no value has, when the group holds no special value
-  const uint8_t* codes = blob + 8 * groups + g * (group * BITS / 8);
+  const uint8_t* codes = blob + 4 * groups + g * (group * BITS / 8);
   const int64_t base = g * group;
   alignas(64) T tail[MAX_GROUP];
   const bool partial = base + group > numel;
@@ -687,16 +709,16 @@ void decode_group(const uint8_t* blob, int64_t numel, int64_t g, int64_t group, 
 
 template <int BITS, typename T>
 void encode_all(const T* x, int64_t numel, int64_t group, uint8_t* blob, uint32_t key, float dmax,
-                float scale_max) {
+                float half_max) {
   const int64_t groups = (numel + group - 1) / group, full = numel / group;
 #pragma omp parallel for schedule(static) if (full > 64)
   for (int64_t g = 0; g < full; ++g)
-    encode_group<BITS, T>(x + g * group, (uint64_t)(g * group), g, group, groups, blob, key, dmax, scale_max);
+    encode_group<BITS, T>(x + g * group, (uint64_t)(g * group), g, group, groups, blob, key, dmax, half_max);
   if (full < groups) {  // the last, partial group: its tail repeats the last element
     alignas(64) float tail[MAX_GROUP];
     const int64_t base = full * group;
     for (int64_t j = 0; j < group; ++j) tail[j] = load1(x + std::min(base + j, numel - 1));
-    encode_group<BITS, float>(tail, (uint64_t)base, full, group, groups, blob, key, dmax, scale_max);
+    encode_group<BITS, float>(tail, (uint64_t)base, full, group, groups, blob, key, dmax, half_max);
   }
 }
 
@@ -721,13 +743,13 @@ int decode_typed(const uint8_t* blob, int64_t numel, int64_t group, T* out, int 
 
 template <typename T>
 int encode_typed(const T* x, int64_t numel, int64_t group, uint8_t* blob, uint32_t key, int bits,
-                 float dmax, float scale_max) {
+                 float dmax, float half_max) {
   switch (bits) {
-    case 1: encode_all<1>(x, numel, group, blob, key, dmax, scale_max); return 0;
-    case 2: encode_all<2>(x, numel, group, blob, key, dmax, scale_max); return 0;
-    case 3: encode_all<3>(x, numel, group, blob, key, dmax, scale_max); return 0;
-    case 4: encode_all<4>(x, numel, group, blob, key, dmax, scale_max); return 0;
-    case 8: encode_all<8>(x, numel, group, blob, key, dmax, scale_max); return 0;
+    case 1: encode_all<1>(x, numel, group, blob, key, dmax, half_max); return 0;
+    case 2: encode_all<2>(x, numel, group, blob, key, dmax, half_max); return 0;
+    case 3: encode_all<3>(x, numel, group, blob, key, dmax, half_max); return 0;
+    case 4: encode_all<4>(x, numel, group, blob, key, dmax, half_max); return 0;
+    case 8: encode_all<8>(x, numel, group, blob, key, dmax, half_max); return 0;
   }
   return 1;
 }
@@ -808,7 +830,7 @@ struct SixteenLanes {  // where the matrix's features come in sixteens
 
 template <int BITS, typename T, typename V>
 void encode_block(const T* x, int64_t N, int64_t C, int64_t t0, int64_t c0, int64_t group, int64_t groups,
-                  uint8_t* blob, uint32_t key, float dmax, float scale_max) {
+                  uint8_t* blob, uint32_t key, float dmax, float half_max) {
   constexpr int L = (1 << BITS) - 1;
   constexpr int W = 32 / BITS;  // tokens per 32-bit word of a lane (at 3 bits, see below)
   using F = typename V::F;
@@ -857,7 +879,6 @@ void encode_block(const T* x, int64_t N, int64_t C, int64_t t0, int64_t c0, int6
       }
     }
   }
-  float* words = reinterpret_cast<float*>(blob);
   const int64_t group_bytes = group * BITS / 8;
   F lo_half, inverse, ceiling;
   uint8_t* codes[LANES_W];
@@ -866,11 +887,11 @@ void encode_block(const T* x, int64_t N, int64_t C, int64_t t0, int64_t c0, int6
     const int64_t g = (c0 + l) * (N / group) + t0 / group;
     const bool flagged = special_any[l] != 0, has_nan = nan_any[l] != 0, all_special = special_all[l] != 0;
     const GroupWords stored = group_words(L, lows[l], highs[l], flagged, has_nan, all_special, kind_low[l],
-                                          kind_high[l], scale_max);
+                                          kind_high[l], half_max);
     poison[l] = stored.poison;
-    words[g] = stored.scale_word;
-    words[groups + g] = stored.lo;
-    codes[l] = blob + 8 * groups + g * group_bytes;
+    const uint32_t word = group_word(stored.half_word, stored.lo);
+    std::memcpy(blob + 4 * g, &word, 4);
+    codes[l] = blob + 4 * groups + g * group_bytes;
     lo_half[l] = stored.lo * 0.5f;
     inverse[l] = 1.0f / (stored.used * 0.5f);
     ceiling[l] = (float)stored.top;
@@ -954,7 +975,6 @@ void decode_block(const uint8_t* blob, int64_t N, int64_t C, int64_t t0, int64_t
                   int64_t groups, T* out, float dmax) {
   constexpr uint32_t L = (1u << BITS) - 1;
   constexpr int W = BITS == 3 ? 16 : 32 / BITS;  // tokens per word read (at 3 bits, of the low plane)
-  const float* words = reinterpret_cast<const float*>(blob);
   const int64_t group_bytes = group * BITS / 8;
   using F = typename V::F;
   using I = typename V::I;
@@ -966,14 +986,17 @@ void decode_block(const uint8_t* blob, int64_t N, int64_t C, int64_t t0, int64_t
   for (int v = 0; v < vectors; ++v) {
     for (int l = 0; l < LANES_W; ++l) {  // as decode_group reads a group's words
       const int64_t g = ((v0 + v) * LANES_W + l) * (N / group) + t0 / group;
-      const float word = words[g], scale = std::fabs(word);
-      const uint32_t kind = bits_of(scale) & 3u;
+      const uint32_t stored = load_word(blob, g);
+      const float word = word_half(stored);
+      const bool flagged = bits_of(word) >> 31;  // a flagged half range of 0 is -0.0
+      const float scale = std::fabs(word) * (flagged ? 2.0f / (float)std::max(L - 1, 1u) : 2.0f / (float)L);
+      const uint32_t kind = (bits_of(word) >> 16) & 3u;
       const float extreme = kind >= 2 ? dmax : INFINITY;
       special[v][l] = (kind & 1u) ? extreme : -extreme;
       scales[v][l] = scale;
-      lo[v][l] = words[groups + g];
-      marker[v][l] = word < 0.0f ? L : L + 1;
-      codes[v][l] = blob + 8 * groups + g * group_bytes;
+      lo[v][l] = word_min(stored);
+      marker[v][l] = flagged ? L : L + 1;
+      codes[v][l] = blob + 4 * groups + g * group_bytes;
     }
   }
   // The segment's codes, one group after another: gathered from the L1 cache below, where
@@ -1037,14 +1060,14 @@ void decode_block(const uint8_t* blob, int64_t N, int64_t C, int64_t t0, int64_t
 // Blocks in token-major order, so that each thread reads whole rows of the matrix.
 template <int BITS, typename T>
 void encode_transposed_all(const T* x, int64_t N, int64_t C, int64_t group, uint8_t* blob, uint32_t key, float dmax,
-                           float scale_max) {
+                           float half_max) {
 #if GACT_SIXTEEN_LANES
   if (C % 16 == 0) {
     const int64_t lanes = C / 16, blocks = (N / group) * lanes;
 #pragma omp parallel for schedule(static) if (blocks > 8)
     for (int64_t b = 0; b < blocks; ++b)
       encode_block<BITS, T, SixteenLanes>(x, N, C, (b / lanes) * group, (b % lanes) * 16, group, C * (N / group), blob,
-                                          key, dmax, scale_max);
+                                          key, dmax, half_max);
     return;
   }
 #endif
@@ -1052,7 +1075,7 @@ void encode_transposed_all(const T* x, int64_t N, int64_t C, int64_t group, uint
 #pragma omp parallel for schedule(static) if (blocks > 8)
   for (int64_t b = 0; b < blocks; ++b)
     encode_block<BITS, T, EightLanes>(x, N, C, (b / lanes) * group, (b % lanes) * 8, group, C * (N / group), blob, key,
-                                      dmax, scale_max);
+                                      dmax, half_max);
 }
 
 template <int BITS, typename T, typename V>
@@ -1080,13 +1103,13 @@ void decode_transposed_all(const uint8_t* blob, int64_t N, int64_t C, int64_t gr
 
 template <typename T>
 int encode_transposed_typed(const T* x, int64_t N, int64_t C, int64_t group, uint8_t* blob, uint32_t key, int bits,
-                            float dmax, float scale_max) {
+                            float dmax, float half_max) {
   switch (bits) {
-    case 1: encode_transposed_all<1>(x, N, C, group, blob, key, dmax, scale_max); return 0;
-    case 2: encode_transposed_all<2>(x, N, C, group, blob, key, dmax, scale_max); return 0;
-    case 3: encode_transposed_all<3>(x, N, C, group, blob, key, dmax, scale_max); return 0;
-    case 4: encode_transposed_all<4>(x, N, C, group, blob, key, dmax, scale_max); return 0;
-    case 8: encode_transposed_all<8>(x, N, C, group, blob, key, dmax, scale_max); return 0;
+    case 1: encode_transposed_all<1>(x, N, C, group, blob, key, dmax, half_max); return 0;
+    case 2: encode_transposed_all<2>(x, N, C, group, blob, key, dmax, half_max); return 0;
+    case 3: encode_transposed_all<3>(x, N, C, group, blob, key, dmax, half_max); return 0;
+    case 4: encode_transposed_all<4>(x, N, C, group, blob, key, dmax, half_max); return 0;
+    case 8: encode_transposed_all<8>(x, N, C, group, blob, key, dmax, half_max); return 0;
   }
   return 1;
 }
@@ -1131,7 +1154,7 @@ inline uint32_t key_word(const int64_t* key, int from_state) {
 // Zeroes what follows the groups of a blob of ``nbytes``: its padding and tag (runtime.format).
 // Here rather than in Python, where slicing and zeroing the tail cost more than encoding a small tensor.
 inline void zero_tail(uint8_t* blob, int64_t numel, int64_t group, int bits, int64_t nbytes) {
-  const int64_t groups = (numel + group - 1) / group, body = groups * 8 + groups * (group * bits / 8);
+  const int64_t groups = (numel + group - 1) / group, body = groups * 4 + groups * (group * bits / 8);
   if (nbytes > body) std::memset(blob + body, 0, nbytes - body);
 }
 
@@ -1140,11 +1163,11 @@ inline void zero_tail(uint8_t* blob, int64_t numel, int64_t group, int bits, int
 // dtype: 0 float32, 1 bfloat16, 2 float16. Returns 0, or 1 for an unsupported width, 2 for
 // an unsupported group size or dtype. ``nbytes``: the blob's length, whose tail this zeroes.
 extern "C" int gact_encode(const void* x, int64_t numel, int64_t group, uint8_t* blob, int64_t nbytes,
-                           const int64_t* key, int from_state, int bits, float dmax, float scale_max, int dtype) {
+                           const int64_t* key, int from_state, int bits, float dmax, float half_max, int dtype) {
   if (group > MAX_GROUP || group % 8) return 2;
   if (dtype != GACT_DTYPE) return 2;
   const int status = encode_typed(static_cast<const Value*>(x), numel, group, blob, key_word(key, from_state), bits,
-                                  dmax, scale_max);
+                                  dmax, half_max);
   if (!status) zero_tail(blob, numel, group, bits, nbytes);
   return status;
 }
@@ -1218,11 +1241,11 @@ extern "C" int gact_decode(const uint8_t* blob, int64_t numel, int64_t group, vo
 // ``group``, ``group`` of 16, features of 8 (else 2); dtype and the rest as for gact_encode.
 extern "C" int gact_encode_transposed(const void* x, int64_t tokens, int64_t features, int64_t group, uint8_t* blob,
                                       int64_t nbytes, const int64_t* key, int from_state, int bits, float dmax,
-                                      float scale_max, int dtype) {
+                                      float half_max, int dtype) {
   if (group <= 0 || group % 16 || tokens % group || features % 8) return 2;
   if (dtype != GACT_DTYPE) return 2;
   const int status = encode_transposed_typed(static_cast<const Value*>(x), tokens, features, group, blob,
-                                             key_word(key, from_state), bits, dmax, scale_max);
+                                             key_word(key, from_state), bits, dmax, half_max);
   if (!status) zero_tail(blob, tokens * features, group, bits, nbytes);
   return status;
 }

@@ -41,7 +41,7 @@ import torch
 
 from .. import _compat
 from . import format as fmt
-from .reference import SCALE_MAX
+from .reference import HALF_MAX
 
 log = logging.getLogger("gact_fx")
 MAX_GROUP = 4096  # the kernel's buffers; larger groups take the reference
@@ -102,7 +102,7 @@ def quantize(tensor: torch.Tensor, bits: int, group_size: int, *, state=None, ke
     blob = _new_blob(numel, bits, group_size, values.element_size())
     status = library(values.dtype).gact_encode(values.data_ptr(), numel, group_size, blob.data_ptr(), blob.numel(),
                                                source.data_ptr(), from_state, bits, float(torch.finfo(values.dtype).max),
-                                               SCALE_MAX, DTYPE_CODES[values.dtype])
+                                               HALF_MAX, DTYPE_CODES[values.dtype])
     if status:
         raise ValueError(f"gact CPU codec: unsupported width {bits} or group size {group_size} (at most {MAX_GROUP})")
     return blob
@@ -150,7 +150,7 @@ def quantize_transposed(matrix: torch.Tensor, bits: int, group_size: int, *, sta
     blob = _new_blob(values.numel(), bits, group_size, values.element_size())
     status = library(values.dtype).gact_encode_transposed(values.data_ptr(), tokens, features, group_size,
                                                           blob.data_ptr(), blob.numel(), source.data_ptr(), from_state,
-                                                          bits, float(torch.finfo(values.dtype).max), SCALE_MAX,
+                                                          bits, float(torch.finfo(values.dtype).max), HALF_MAX,
                                                           DTYPE_CODES[values.dtype])
     if status:
         raise ValueError(f"gact CPU codec: no feature-major encoding of {tokens} x {features} at {bits} bits in "

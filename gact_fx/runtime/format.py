@@ -11,12 +11,12 @@ permutation (see ``runtime.ops``):
 * floating point (fp32 / fp16 / bf16), ``bits`` in {1, 2, 3, 4, 8}::
 
       G = ceil(N / group_size)
-      [ scale : G x float32 ][ min : G x float32 ][ codes : G*group_size*bits/8 bytes ]
+      [ (half range, min) : G x 2 bfloat16 ][ codes : G*group_size*bits/8 bytes ]
       [ zero padding to a multiple of 8 bytes ][ probe token: 8 bytes, probe blobs only ]
       [ tag : tag_bytes(bits) bytes ]
 
   With ``L = 2**bits - 1``, element ``i`` of group ``g`` decodes as ``min[g] + code *
-  scale[g]``. Codes are packed little-endian inside each byte: element ``k`` of a byte
+  scale[g]``, where ``scale = half * (2 / top)``. Codes are packed little-endian inside each byte: element ``k`` of a byte
   sits at bit ``(k * bits) % 8``. At 3 bits a group's ``3 * group_size / 8`` bytes are two
   planes, packed as above: the low two bits of its codes (``group_size / 4`` bytes), then
   their high bit (``group_size / 8`` bytes); so every width packs whole bytes with the
@@ -24,13 +24,20 @@ permutation (see ``runtime.ops``):
   ``(3/7)^2 = 0.18x`` from 2 to 3 bits, where mixing 2 and 4 bits for the same bytes
   gives only 0.52x. The last group is padded with copies of the last
   element. Codes come from stochastic rounding, ``floor((x - min) / scale + u)`` with
-  ``u`` from ``runtime.noise``, so ``E[decode] == x``; a constant group stores ``scale =
-  1`` and codes 0. Scales and mins are float32 whatever the input dtype, so fp16 ranges
-  cannot overflow. In float32 arithmetic, rounded as written (every implementation does
-  the same operations, so their blobs agree bit for bit; ``runtime.reference``)::
+  ``u`` from ``runtime.noise``, so ``E[decode] == x``; a constant group stores ``half =
+  0`` and codes 0. A group stores its min and half its range as bfloat16s whatever the
+  input dtype: float32's exponent range, so fp16 ranges cannot overflow, in half of
+  float32's bytes (at groups of 256, 1/8 bit an element instead of 1/4). The min is
+  rounded down and the half range up, so the stored range still covers the group and
+  rounding stays unbiased; where both are bfloat16s already (a group from -1 to 1, from
+  0 to 1) its ends decode exactly. A group whose values sit far from zero against their
+  spread (``|min|`` hundreds of times the range) pays a wider range. In float32
+  arithmetic, rounded as written (every implementation does the same operations, so their
+  blobs agree bit for bit; ``runtime.reference``)::
 
-      half   = max * 0.5 - min * 0.5                 (halved: no overflow for finite inputs)
-      scale  = min(half * (2 / top), SCALE_MAX), or 1 where that is not > 0
+      min    = the largest bfloat16 <= the group's min (at least -finfo(bfloat16).max)
+      half   = the smallest bfloat16 >= min(max * 0.5 - min * 0.5, HALF_MAX, or HALF_MAX / 2 where top <= 1)
+      scale  = half * (2 / top), or 1 to encode where that is not > 0
       code   = floor((x * 0.5 - min * 0.5) * (1 / (scale * 0.5)) + u), clamped to 0..top
 
   with ``2 / top`` and ``1 / (scale * 0.5)`` each rounded once, per group: no division per
@@ -38,14 +45,14 @@ permutation (see ``runtime.ops``):
 
   *Special values* (``SPECIAL_KINDS``): -inf, +inf, and the dtype's extremes
   ``-finfo.max`` / ``+finfo.max`` (attention masks, padding) come back exactly, at
-  their positions. A group holding them stores its scale word negated, with the kind of
-  its special value in the two low mantissa bits (the scale rounded up first, so it
-  still covers the range); code ``L`` then means "the special value", and the group's
+  their positions. A group holding them stores its half-range word negated, with the kind
+  of its special value in the two low mantissa bits of its bfloat16 (rounded up first, so
+  it still covers the range); code ``L`` then means "the special value", and the group's
   other values quantize as usual over codes ``0 .. L-1``. No extra bytes. Such a group
   is poisoned (decodes to NaN) only where it cannot be honest: two different kinds of
   special value in one group, or at 1 bit, where ``L - 1 = 0`` leaves no code for
   other values that are not all equal.
-  *NaN* poisons its group: the scale word is NaN and the group decodes to NaN, so a
+  *NaN* poisons its group: the half-range word is NaN and the group decodes to NaN, so a
   gradient that is non-finite without gact stays non-finite.
 * ``bits == 32`` (pass-through): the raw bytes of the tensor in its own dtype.
 * ``torch.bool`` (dropout and ReLU masks): 1 bit per element, lossless, no scales.
@@ -64,10 +71,11 @@ SUPPORTED_BITS = (1, 2, 3, 4, 8, 32)
 QUANTIZED_BITS = (1, 2, 3, 4, 8)  # the widths that round (32 is the pass-through)
 PLANE_BITS = 3  # the width stored as two planes (2 + 1 bits); see the layout above
 RUNTIME_BITS = 0  # ``gact::quantize(..., bits=RUNTIME_BITS)``: the site's width is read at run time
-SPECIAL_KINDS = ("-inf", "+inf", "-max", "+max")  # kind k sits in the low 2 bits of a flagged scale
+SPECIAL_KINDS = ("-inf", "+inf", "-max", "+max")  # kind k sits in the low 2 bits of a flagged half range
 TOKEN_BYTES = 8
 PASS_THROUGH_BITS = 32
-METADATA_BYTES_PER_GROUP = 8  # float32 scale + float32 min
+METADATA_BYTES_PER_GROUP = 4  # bfloat16 scale + bfloat16 min
+HALF_MAX_BITS = 0x7F7C0000  # float32 bits of the largest half range (half that at top code 1): 4 ulps below +inf
 MAX_GROUP_SIZE = 4096  # every codec holds a group at once (one GPU program, the CPU codec's buffer)
 _ALIGN = 8
 _TAG_BY_BITS = {1: 1, 2: 2, 3: 6, 4: 3, 8: 4, 32: 5}
@@ -138,9 +146,9 @@ def bits_from_blob_nbytes(nbytes: int) -> int:
 
 
 def ideal_ratio(bits: int, group_size: int = 256, itemsize: int = 4) -> float:
-    """Stored size over original size for a large tensor: ``(b + 64/group_size) / (8*itemsize)``.
+    """Stored size over original size for a large tensor: ``(b + 32/group_size) / (8*itemsize)``.
 
-    With 256-element groups and fp32 inputs this is the ``(b + 0.25) / 32`` of the design.
+    With 256-element groups and fp32 inputs this is ``(b + 0.125) / 32``.
     """
     check_bits(bits)
     if bits == PASS_THROUGH_BITS:

@@ -17,10 +17,44 @@ import torch
 from . import format as fmt
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-# Scales stay below this, so that rounding a flagged scale up to a multiple of 4 ulps
-# (to make room for the special kind) never reaches +inf.
-SCALE_MAX = torch.tensor(0x7F7FFFFC, dtype=torch.int32).view(torch.float32).item()
+# Half ranges stay below this bfloat16 (half of it where the top code is 1): rounding a
+# flagged one up to a multiple of 4 ulps (to make room for the special kind) stays finite,
+# and so does its scale.
+HALF_MAX = torch.tensor(fmt.HALF_MAX_BITS, dtype=torch.int32).view(torch.float32).item()
 _KIND_MASK = 3
+_DROPPED = 0xFFFF  # the low bits of a float32 that its bfloat16 leaves out
+_NEGATIVE_INFINITY = -0x800000  # the int32 bits of -inf
+_LOWEST = -0x810000  # the int32 bits of -finfo(bfloat16).max
+
+
+def bfloat16_floor(x: torch.Tensor) -> torch.Tensor:
+    """The largest bfloat16 at or below each float32 of ``x``, as float32; NaN becomes the
+    canonical NaN, and what would round to -inf stays at bfloat16's lowest finite value."""
+    raw = x.view(torch.int32)
+    kept = raw & ~_DROPPED
+    down = torch.where(((raw & _DROPPED) != 0) & (raw < 0), kept + 0x10000, kept)  # negative: away from zero
+    down = torch.where(down == _NEGATIVE_INFINITY, torch.full_like(down, _LOWEST), down)
+    return torch.where(torch.isnan(x), torch.full_like(x, float("nan")), down.view(torch.float32))
+
+
+def bfloat16_ceil(x: torch.Tensor) -> torch.Tensor:
+    """The smallest bfloat16 at or above each positive finite float32 of ``x``, as float32."""
+    raw = x.view(torch.int32)
+    kept = raw & ~_DROPPED
+    return torch.where((raw & _DROPPED) != 0, kept + 0x10000, kept).view(torch.float32)
+
+
+def pack_group_words(word: torch.Tensor, group_min: torch.Tensor) -> torch.Tensor:
+    """Each group's 4 bytes (``runtime.format``): its half-range word's bfloat16, then its
+    min's; both float32 values that are bfloat16s."""
+    halves = torch.stack([word.view(torch.int32) >> 16, group_min.view(torch.int32) >> 16], dim=1)
+    return halves.to(torch.int16).view(torch.uint8).reshape(-1)
+
+
+def unpack_group_words(words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of ``pack_group_words``: float32 half-range words and mins."""
+    halves = words.view(torch.int16).view(-1, 2).to(torch.int32) << 16
+    return halves[:, 0].contiguous().view(torch.float32), halves[:, 1].contiguous().view(torch.float32)
 
 
 def group_view(flat: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -45,8 +79,14 @@ def special_value(kind: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where((kind & 1) == 1, extreme, -extreme)
 
 
+def scale_of(half: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
+    """The step between codes: the half range times ``2 / top`` rounded once (a constant per
+    width: a multiply, not a division, per group)."""
+    return half * (2.0 / top.clamp(min=1).to(torch.float32))
+
+
 def group_parameters(groups: torch.Tensor, bits: int, dtype: torch.dtype):
-    """Per group: the scale word to store, the scale codes use, the min, the top normal
+    """Per group: the half-range word to store, the scale codes use, the min, the top normal
     code, and the special mask and poison flag; see ``runtime.format``."""
     levels = 2**bits - 1
     special, kind = special_kinds(groups, dtype)
@@ -57,22 +97,24 @@ def group_parameters(groups: torch.Tensor, bits: int, dtype: torch.dtype):
     group_max = torch.where(special, -inf, groups).amax(dim=1)
     group_min = torch.where(only_special, torch.zeros_like(group_min), group_min)
     group_max = torch.where(only_special, torch.zeros_like(group_max), group_max)
+    group_min = bfloat16_floor(group_min)  # stored as bfloat16: rounded down, so it still bounds the group
     kind_low = torch.where(special, kind, torch.full_like(kind, 4)).amin(dim=1)
     kind_high = torch.where(special, kind, torch.full_like(kind, -1)).amax(dim=1)
     top = levels - flagged.to(torch.int32)  # flagged groups keep code L for the special value
-    # Halving first keeps max - min finite for any finite inputs. The scale is the half range
-    # times 2 / top rounded once (a constant per width: a multiply, not a division, per group).
-    half_range = group_max * 0.5 - group_min * 0.5
-    scale = (half_range * (2.0 / top.clamp(min=1).to(torch.float32))).clamp(max=SCALE_MAX)
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    raw = scale.view(torch.int32)
-    rounded = ((raw + _KIND_MASK) & ~_KIND_MASK) | kind_low.clamp(0, _KIND_MASK)
-    used = torch.where(flagged, rounded.view(torch.float32), scale)
+    # Halving first keeps max - min finite for any finite inputs; up: it still covers the range.
+    half_max = torch.where(top <= 1, HALF_MAX * 0.5, HALF_MAX)
+    half = bfloat16_ceil(torch.minimum(group_max * 0.5 - group_min * 0.5, half_max))
+    raw = half.view(torch.int32)
+    kind_bits = _KIND_MASK << 16
+    rounded = ((raw + kind_bits) & ~(kind_bits | _DROPPED)) | (kind_low.clamp(0, _KIND_MASK) << 16)
+    half = torch.where(flagged, rounded.view(torch.float32), half)
+    scale = scale_of(half, top)
+    used = torch.where(scale > 0, scale, torch.ones_like(scale))
     poison = (
         torch.isnan(group_min) | torch.isnan(group_max) | (flagged & (kind_low != kind_high))
         | (flagged & (top == 0) & (group_max > group_min))
     )
-    word = torch.where(flagged, -used, used)
+    word = torch.where(flagged, -half, half)
     word = torch.where(poison, torch.full_like(word, float("nan")), word)
     return word, used, group_min, top, special, poison
 
@@ -139,7 +181,7 @@ def encode_groups(flat: torch.Tensor, bits: int, group_size: int, noise: torch.T
     groups = group_view(flat, group_size)
     word, used, group_min, top, special, poison = group_parameters(groups, bits, flat.dtype)
     codes = quantize_codes(groups, used, group_min, top, special, poison, bits, noise)
-    body = torch.cat([word.view(torch.uint8), group_min.view(torch.uint8), pack_group_codes(codes, bits)])
+    body = torch.cat([pack_group_words(word, group_min), pack_group_codes(codes, bits)])
     total = fmt.float_blob_nbytes(flat.numel(), bits, group_size, flat.element_size())
     return torch.cat([body, body.new_zeros(total - body.numel())])  # padding and tag
 
@@ -147,14 +189,15 @@ def encode_groups(flat: torch.Tensor, bits: int, group_size: int, noise: torch.T
 def decode_groups(blob: torch.Tensor, numel, dtype: torch.dtype, group_size: int, bits: int) -> torch.Tensor:
     """Inverse of ``encode_groups``; branch-free."""
     groups = fmt.num_groups(numel, group_size)
-    word = blob[: groups * 4].view(torch.float32)
-    group_min = blob[groups * 4 : groups * fmt.METADATA_BYTES_PER_GROUP].view(torch.float32)
+    word, group_min = unpack_group_words(blob[: groups * fmt.METADATA_BYTES_PER_GROUP])
     start = groups * fmt.METADATA_BYTES_PER_GROUP
     codes = unpack_group_codes(blob[start : start + groups * (group_size * bits // 8)], bits, group_size)
-    scale = word.abs()
+    flagged = torch.signbit(word)  # a flagged half range of 0 is -0.0
+    half = word.abs()
+    scale = scale_of(half, 2**bits - 1 - flagged.to(torch.int32))
     values = codes.float() * scale[:, None] + group_min[:, None]
-    kind = scale.view(torch.int32) & _KIND_MASK
-    special = (word < 0)[:, None] & (codes == 2**bits - 1)
+    kind = (half.view(torch.int32) >> 16) & _KIND_MASK
+    special = flagged[:, None] & (codes == 2**bits - 1)
     values = torch.where(special, special_value(kind, dtype)[:, None], values)
     return values.reshape(-1)[:numel].to(dtype)
 

@@ -1,5 +1,6 @@
 """The ``@triton.jit`` helpers every gact kernel shares: the noise hash, the call's key, the
-site's counter, a program's groups, the blob's tail, and rounding to 16-bit floats.
+site's counter, a program's groups, the blob's tail, the bfloat16 group words, and
+rounding to 16-bit floats.
 
 Imported only with Triton (``runtime.triton_kernels``). Module-level numbers a kernel reads
 are ``tl.constexpr``: compiled Triton refuses a plain global (the interpreter does not).
@@ -10,12 +11,68 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .reference import SCALE_MAX as _SCALE_MAX
+from .reference import HALF_MAX as _HALF_MAX
 
-SCALE_MAX = tl.constexpr(_SCALE_MAX)
+HALF_MAX = tl.constexpr(_HALF_MAX)
 GOLDEN = tl.constexpr(0x9E3779B1)
 M1 = tl.constexpr(0x85EBCA6B)
 M2 = tl.constexpr(0xC2B2AE35)
+
+
+BFLOAT16_LOWEST = tl.constexpr(-3.3895313892515355e38)  # -finfo(bfloat16).max
+
+
+@triton.jit
+def bfloat16_floor(x):
+    """The largest bfloat16 at or below ``x`` (float32), never -inf; NaN stays NaN (``runtime.reference``)."""
+    down = bfloat16_floor_finite(tl.maximum(x, BFLOAT16_LOWEST))
+    return tl.where(x != x, float("nan"), down)
+
+
+@triton.jit
+def bfloat16_floor_finite(x):
+    """``bfloat16_floor`` of an ``x`` at or above ``BFLOAT16_LOWEST``: a negative value's
+    dropped bits carry into its magnitude."""
+    raw = x.to(tl.uint32, bitcast=True)
+    return ((raw + (raw >> 31) * 0xFFFF) & 0xFFFF0000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def bfloat16_ceil(x):
+    """The smallest bfloat16 at or above a positive finite ``x``."""
+    return ((x.to(tl.int32, bitcast=True) + 0xFFFF) & -0x10000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def scale_factor(top):
+    """``2 / top`` rounded once (``runtime.format``), for ``top`` in 0..255."""
+    return tl.math.div_rn(2.0, tl.maximum(top, 1).to(tl.float32))
+
+
+@triton.jit
+def store_group_words(ptr, word, group_min, mask, NAN: tl.constexpr):
+    """Stores each group's 32-bit word (``runtime.format``): the min's bfloat16 in the high
+    half, the half-range word's in the low half; both float32 values that are bfloat16s.
+    ``NAN``: they may hold NaN, stored as 0x7FC0, the reference's (GPU arithmetic makes
+    other NaNs)."""
+    half_bits = word.to(tl.uint32, bitcast=True) >> 16
+    min_bits = group_min.to(tl.uint32, bitcast=True)  # its low half is zero
+    if NAN:
+        half_bits = tl.where(word != word, 0x7FC0, half_bits)
+        min_bits = tl.where(group_min != group_min, 0x7FC00000, min_bits)
+    tl.store(ptr.to(tl.pointer_type(tl.uint32)), min_bits | half_bits, mask=mask)
+
+
+@triton.jit
+def load_group_words(ptr, mask, LEVELS: tl.constexpr):
+    """From each group's 32-bit word: its half-range word's bits as an int32 (negative, -0.0
+    included, where the group is flagged; the kind in bits 16-17), its scale and its min
+    (float32); zeros where masked."""
+    bits = tl.load(ptr.to(tl.pointer_type(tl.int32)), mask=mask, other=0)
+    half_bits = bits << 16
+    factor = tl.where(half_bits < 0, scale_factor(LEVELS - 1), scale_factor(LEVELS))
+    scale = (half_bits & 0x7FFFFFFF).to(tl.float32, bitcast=True) * factor
+    return half_bits, scale, (bits & -0x10000).to(tl.float32, bitcast=True)
 
 
 @triton.jit

@@ -3,8 +3,7 @@
 ``decode_chunked_kernel`` reads groups of a multiple of 16 elements as ``triton_encode``
 writes them: each thread takes a 16-element chunk's packed codes in one load and expands
 its two halves (elements ``16c + j`` and ``16c + 8 + j``) in its own registers.
-A program of groups without special values (their scale word is positive) skips the
-special-value test. Values are ``code * scale + min`` as two roundings, as the reference
+A program of groups without special values (none flagged) skips the special-value test. Values are ``code * scale + min`` as two roundings, as the reference
 decodes them (no fused multiply-add), so every implementation decodes alike.
 ``decode_features_kernel`` reads feature-major groups (``feature_groups``) back into the
 source's own row-major [tokens, features] layout, in place of a transposed copy.
@@ -19,24 +18,25 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_common import program_features, program_groups, round_to, zero_tail
+from .triton_common import load_group_words, program_features, program_groups, round_to, zero_tail
 
 
 @triton.jit
-def special_values(codes, word, dtype_max, LEVELS: tl.constexpr):
-    """Where a flagged group (negative word) holds code ``LEVELS``: its special value; else NaN-free
-    garbage that ``tl.where`` drops. (``runtime.format``: the kind in the scale's low bits.)"""
-    kind = tl.abs(word).to(tl.int32, bitcast=True) & 3
+def special_values(codes, half_bits, dtype_max, LEVELS: tl.constexpr):
+    """Where a flagged group (negative ``half_bits``) holds code ``LEVELS``: its special value;
+    else NaN-free garbage that ``tl.where`` drops. (``runtime.format``: the kind in the half
+    range's low bits.)"""
+    kind = (half_bits >> 16) & 3
     extreme = tl.where(kind >= 2, dtype_max, float("inf"))
     value = tl.where((kind & 1) == 1, extreme, -extreme)
-    return (word < 0) & (codes == LEVELS), value
+    return (half_bits < 0) & (codes == LEVELS), value
 
 
 @triton.jit
-def _with_special_values(va, vb, ca, cb, word, dtype_max, LEVELS: tl.constexpr):
+def _with_special_values(va, vb, ca, cb, half_bits, dtype_max, LEVELS: tl.constexpr):
     """Both halves' values with each flagged group's code ``LEVELS`` replaced by its special value."""
-    special_a, value_a = special_values(ca, word, dtype_max, LEVELS)
-    special_b, value_b = special_values(cb, word, dtype_max, LEVELS)
+    special_a, value_a = special_values(ca, half_bits, dtype_max, LEVELS)
+    special_b, value_b = special_values(cb, half_bits, dtype_max, LEVELS)
     return tl.where(special_a, value_a, va), tl.where(special_b, value_b, vb)
 
 
@@ -84,18 +84,18 @@ def decode_chunked_kernel(
     BYTES: tl.constexpr = GROUP * BITS // 8
     g1 = program_groups(0, BLOCK, BLOCK, WIDE)
     row_live = g1 < num_groups
-    words = blob_ptr.to(tl.pointer_type(tl.float32))
-    word = tl.load(words + g1, mask=row_live, other=1.0)[:, None, None]
-    group_min = tl.load(words + num_groups + g1, mask=row_live, other=0.0)[:, None, None]
+    half_bits, scale, group_min = load_group_words(blob_ptr.to(tl.pointer_type(tl.int32)) + g1, row_live, LEVELS)
+    half_bits = half_bits[:, None, None]
+    scale = scale[:, None, None]
+    group_min = group_min[:, None, None]
     chunk = tl.arange(0, CHUNKS)[None, :]
     j = tl.arange(0, 8)[None, None, :]
     live = row_live[:, None] & (chunk < GROUP // 16)
-    ca, cb = _load_codes(blob_ptr + 8 * num_groups + g1[:, None] * BYTES, chunk, j, live, BITS, GROUP)
-    scale = tl.abs(word)
+    ca, cb = _load_codes(blob_ptr + 4 * num_groups + g1[:, None] * BYTES, chunk, j, live, BITS, GROUP)
     va = ca.to(tl.float32) * scale + group_min  # (a NaN word, a poisoned group, decodes to NaN)
     vb = cb.to(tl.float32) * scale + group_min
-    if tl.min(word) < 0:  # a group with special values: code LEVELS is its special value
-        va, vb = _with_special_values(va, vb, ca, cb, word, dtype_max, LEVELS)
+    if tl.min(half_bits) < 0:  # a group with special values: code LEVELS is its special value
+        va, vb = _with_special_values(va, vb, ca, cb, half_bits, dtype_max, LEVELS)
     first = g1[:, None, None] * GROUP + chunk[:, :, None] * 16 + j
     keep = live[:, :, None]
     dtype = out_ptr.dtype.element_ty
@@ -141,12 +141,13 @@ def decode_features_kernel(
     features = features1[:, None]
     chunk = tl.arange(0, CHUNKS)[None, :]
     live = (features < row_stride) & (chunk < GROUP // 16)
-    words = blob_ptr.to(tl.pointer_type(tl.float32))
-    word = tl.load(words + g1, mask=features1 < row_stride, other=1.0)[:, None]
-    group_min = tl.load(words + num_groups + g1, mask=features1 < row_stride, other=0.0)[:, None]
-    scale = tl.abs(word)
-    any_special = tl.min(word) < 0
-    codes_ptr = blob_ptr + 8 * num_groups + g1[:, None] * BYTES
+    half_bits, scale, group_min = load_group_words(blob_ptr.to(tl.pointer_type(tl.int32)) + g1, features1 < row_stride,
+                                                   LEVELS)
+    half_bits = half_bits[:, None]
+    scale = scale[:, None]
+    group_min = group_min[:, None]
+    any_special = tl.min(half_bits) < 0
+    codes_ptr = blob_ptr + 4 * num_groups + g1[:, None] * BYTES
     high_a = tl.zeros([BLOCK, CHUNKS], tl.int32)
     high_b = tl.zeros([BLOCK, CHUNKS], tl.int32)
     if BITS == 8:
@@ -182,7 +183,7 @@ def decode_features_kernel(
         va = ca.to(tl.float32) * scale + group_min
         vb = cb.to(tl.float32) * scale + group_min
         if any_special:
-            va, vb = _with_special_values(va, vb, ca, cb, word, dtype_max, LEVELS)
+            va, vb = _with_special_values(va, vb, ca, cb, half_bits, dtype_max, LEVELS)
         tl.store(out_ptr + (token + j) * row_stride + features, round_to(va, dtype), mask=live)
         tl.store(out_ptr + (token + 8 + j) * row_stride + features, round_to(vb, dtype), mask=live)
 

@@ -25,17 +25,12 @@ import triton
 import triton.language as tl
 
 from .triton_common import (
-    GOLDEN, M1, SCALE_MAX, advance_counter, call_key, call_mix, hash_product, max_nan, min_nan, pair_hash,
-    program_features, program_groups, uniform, uniform_of, zero_tail,
+    BFLOAT16_LOWEST, GOLDEN, HALF_MAX, M1, advance_counter, bfloat16_ceil, bfloat16_floor, bfloat16_floor_finite,
+    call_key, call_mix, hash_product, max_nan, min_nan, pair_hash, program_features, program_groups, scale_factor,
+    store_group_words, uniform, uniform_of, zero_tail,
 )
 
 SMALLEST_PLAIN_SCALE = tl.constexpr(2.0**-125)  # scale / 2 still normal: the rounding bounds hold
-
-
-@triton.jit
-def scale_factor(top):
-    """``2 / top`` rounded once (``runtime.format``), for ``top`` in 0..255."""
-    return tl.math.div_rn(2.0, tl.maximum(top, 1).to(tl.float32))
 
 
 # Reductions over both halves of each group, to [BLOCK, 1, 1]. The builtin ones (tl.min,
@@ -103,7 +98,7 @@ def _kinds(x, dtype_max):
 
 @triton.jit
 def general_parameters(xa, xb, dtype_max, LEVELS: tl.constexpr):
-    """Per group (broadcastable): the scale word, the min, the scale codes use, the top
+    """Per group (broadcastable): the half-range word, the min, the scale codes use, the top
     code, the poison flag, and each element's special mask and kind, as the reference."""
     special_a, kind_a = _kinds(xa, dtype_max)
     special_b, kind_b = _kinds(xb, dtype_max)
@@ -114,18 +109,19 @@ def general_parameters(xa, xb, dtype_max, LEVELS: tl.constexpr):
     group_max = reduce_max(tl.where(special_a, float("-inf"), xa), tl.where(special_b, float("-inf"), xb))
     group_min = tl.where(only_special, 0.0, group_min)
     group_max = tl.where(only_special, 0.0, group_max)
-    group_min = tl.where(has_nan, float("nan"), group_min)
+    group_min = bfloat16_floor(tl.where(has_nan, float("nan"), group_min))
     kind_low = reduce_min(tl.where(special_a, kind_a, 4), tl.where(special_b, kind_b, 4))
     kind_high = reduce_max(tl.where(special_a, kind_a, -1), tl.where(special_b, kind_b, -1))
     top = LEVELS - flagged.to(tl.int32)
-    half_range = group_max * 0.5 - group_min * 0.5
-    scale = tl.minimum(half_range * scale_factor(top), SCALE_MAX)
-    scale = tl.where(scale > 0, scale, 1.0)
-    raw = scale.to(tl.int32, bitcast=True)
-    rounded = ((raw + 3) & -4) | tl.minimum(tl.maximum(kind_low, 0), 3)
-    used = tl.where(flagged, rounded.to(tl.float32, bitcast=True), scale)
+    half_max = tl.where(top <= 1, HALF_MAX * 0.5, HALF_MAX)
+    half = bfloat16_ceil(tl.minimum(group_max * 0.5 - group_min * 0.5, half_max))
+    raw = half.to(tl.int32, bitcast=True)
+    rounded = ((raw + 0x30000) & -0x40000) | (tl.minimum(tl.maximum(kind_low, 0), 3) << 16)
+    half = tl.where(flagged, rounded.to(tl.float32, bitcast=True), half)
+    scale = half * scale_factor(top)
+    used = tl.where(scale > 0, scale, 1.0)
     poison = has_nan | (flagged & (kind_low != kind_high)) | (flagged & (top == 0) & (group_max > group_min))
-    word = tl.where(flagged, -used, used)
+    word = tl.where(flagged, -half, half)
     word = tl.where(poison, float("nan"), word)
     return word, group_min, used, top, poison, special_a, special_b
 
@@ -237,16 +233,20 @@ def _halves_noise(g1, mixed_key, GROUP: tl.constexpr, CHUNKS: tl.constexpr, WIDE
 
 
 @triton.jit
-def _store_groups(blob_ptr, g1, num_groups, word, group_min, ca, cb,
-                  BITS: tl.constexpr, GROUP: tl.constexpr, CHUNKS: tl.constexpr, ROWS: tl.constexpr):
+def _store_words(blob_ptr, g1, num_groups, word, group_min, ROWS: tl.constexpr, NAN: tl.constexpr):
+    """The groups' words: bfloat16 half-range words and mins (``NAN``: they may hold NaN)."""
+    words = blob_ptr.to(tl.pointer_type(tl.int32))
+    store_group_words(words + g1, tl.reshape(word, (ROWS,)), tl.reshape(group_min, (ROWS,)), g1 < num_groups, NAN)
+
+
+@triton.jit
+def _store_group_codes(blob_ptr, g1, num_groups, ca, cb, BITS: tl.constexpr, GROUP: tl.constexpr,
+                       CHUNKS: tl.constexpr):
     BYTES: tl.constexpr = GROUP * BITS // 8
     c2 = tl.arange(0, CHUNKS)[None, :]
-    codes_ptr = blob_ptr + 8 * num_groups + g1[:, None] * BYTES
+    codes_ptr = blob_ptr + 4 * num_groups + g1[:, None] * BYTES
     j = tl.arange(0, 8)[None, None, :]
     _store_codes(codes_ptr, c2, ca, cb, j, (g1[:, None] < num_groups) & (c2 < GROUP // 16), BITS, GROUP)
-    words = blob_ptr.to(tl.pointer_type(tl.float32))
-    tl.store(words + g1, tl.reshape(word, (ROWS,)), mask=g1 < num_groups)
-    tl.store(words + num_groups + g1, tl.reshape(group_min, (ROWS,)), mask=g1 < num_groups)
 
 
 @triton.jit
@@ -261,17 +261,25 @@ def _encode_general(blob_ptr, rows, num_groups, ya, yb, mixed_key, dtype_max, LE
     word, group_min, used, top, poison, special_a, special_b = general_parameters(ya, yb, dtype_max, LEVELS)
     ca = general_codes(ya, va, special_a, group_min, used, top, poison, LEVELS)
     cb = general_codes(yb, vb, special_b, group_min, used, top, poison, LEVELS)
-    _store_groups(blob_ptr, rows, num_groups, word, group_min, ca, cb, BITS, GROUP, CHUNKS, ROWS)
+    _store_group_codes(blob_ptr, rows, num_groups, ca, cb, BITS, GROUP, CHUNKS)
+    _store_words(blob_ptr, rows, num_groups, word, group_min, ROWS, True)
 
 
 @triton.jit
-def _scale_and_plain(low, high, dtype_max, LEVELS: tl.constexpr):
-    """Each group's scale from its NaN-propagating min and max, and whether it takes the
-    plain path: no special value, no NaN (NaN compares false), a scale whose rounding bounds hold."""
-    scale = tl.minimum((high * 0.5 - low * 0.5) * scale_factor(LEVELS), SCALE_MAX)
-    scale = tl.where(scale > 0, scale, 1.0)
-    plain = (tl.abs(low) < dtype_max) & (tl.abs(high) < dtype_max)
-    return scale, plain & (scale >= SMALLEST_PLAIN_SCALE) & (scale < SCALE_MAX)
+def _scale_and_plain(low, high, dtype_max, LEVELS: tl.constexpr, FP32: tl.constexpr):
+    """Each group's min rounded down to bfloat16, half range rounded up and half its scale
+    (what the reciprocal takes: ``half * (factor / 2)`` is ``(half * factor) / 2`` exactly,
+    for the scales the plain path takes), from its NaN-propagating min and max, and whether
+    it takes the plain path: no special value, no NaN (NaN compares false), a min a
+    bfloat16 bounds, a half range below the clamp and a scale whose rounding bounds hold."""
+    plain = (low > -dtype_max) & (high < dtype_max)  # (low <= high)
+    if FP32:  # a 16-bit input's min is at least bfloat16's lowest
+        plain = plain & (low >= BFLOAT16_LOWEST)
+    low = bfloat16_floor_finite(low)  # NaN or below BFLOAT16_LOWEST: garbage the general path replaces
+    half = bfloat16_ceil(high * 0.5 - low * 0.5)  # not clamped: the clamp's groups take the general path
+    half_scale = tl.where(half > 0, half * (scale_factor(LEVELS) * 0.5), 0.5)
+    HALF_LIMIT: tl.constexpr = HALF_MAX * 0.5 if LEVELS == 1 else HALF_MAX
+    return low, half, half_scale, plain & (half <= HALF_LIMIT) & (half_scale >= SMALLEST_PLAIN_SCALE * 0.5)
 
 
 @triton.jit
@@ -305,10 +313,11 @@ def encode_chunked_kernel(
     xb = xb.to(tl.float32)
     low = reduce_min_nan(xa, xb, INTERPRETED)
     high = reduce_max_nan(xa, xb, INTERPRETED)
-    scale, plain = _scale_and_plain(low, high, dtype_max, LEVELS)
+    low, half, half_scale, plain = _scale_and_plain(low, high, dtype_max, LEVELS, x_ptr.dtype.element_ty == tl.float32)
     if (not GENERAL) or tl.min(tl.where(live, plain, True).to(tl.int32)) == 1:
+        _store_words(blob_ptr, g1, num_groups, half, low, BLOCK, False)  # first: fewer registers live below
         ua, ub = _halves_noise(g1, mixed_key, GROUP, CHUNKS, WIDE)
-        inverse = tl.math.div_rn(1.0, scale * 0.5)
+        inverse = tl.math.div_rn(1.0, half_scale)
         half_low = low * 0.5
         FP32: tl.constexpr = x_ptr.dtype.element_ty == tl.float32
         ca = (_half_distance(xa, half_low, FP32) * inverse + ua).to(tl.int32)  # >= 0: truncation is floor
@@ -316,7 +325,7 @@ def encode_chunked_kernel(
         if BITS == 8:  # below 8 bits the rounding bounds keep codes under LEVELS + 1
             ca = tl.minimum(ca, LEVELS)
             cb = tl.minimum(cb, LEVELS)
-        _store_groups(blob_ptr, g1, num_groups, scale, low, ca, cb, BITS, GROUP, CHUNKS, BLOCK)
+        _store_group_codes(blob_ptr, g1, num_groups, ca, cb, BITS, GROUP, CHUNKS)
     else:  # a program holding a special value, a NaN or an extreme scale: the format in full,
         # a few groups at a time (the whole block at once would spill registers)
         for part in range(BLOCK // GENERAL_ROWS):
@@ -324,7 +333,7 @@ def encode_chunked_kernel(
             ya, yb, _ = _load_halves(x_ptr, rows, numel, num_groups, GROUP, CHUNKS, PARTIAL)
             _encode_general(blob_ptr, rows, num_groups, ya, yb, mixed_key, dtype_max, LEVELS, BITS, GROUP, CHUNKS,
                             GENERAL_ROWS, WIDE)
-    zero_tail(blob_ptr, 8 * num_groups + num_groups * (GROUP * BITS // 8), nbytes)
+    zero_tail(blob_ptr, 4 * num_groups + num_groups * (GROUP * BITS // 8), nbytes)
     advance_counter(key_ptr, count, ADVANCE)
 
 
@@ -366,9 +375,9 @@ def encode_features_kernel(
         high = max_nan(high, x)
     low = nan_min(low, 1, INTERPRETED)
     high = nan_max(high, 1, INTERPRETED)
-    scale, plain = _scale_and_plain(low, high, dtype_max, LEVELS)
+    low, half, half_scale, plain = _scale_and_plain(low, high, dtype_max, LEVELS, x_ptr.dtype.element_ty == tl.float32)
     if (not GENERAL) or tl.min(tl.where(live, plain, True).to(tl.int32)) == 1:
-        inverse = tl.math.div_rn(1.0, scale * 0.5)
+        inverse = tl.math.div_rn(1.0, half_scale)
         half_low = low * 0.5
         FP32: tl.constexpr = x_ptr.dtype.element_ty == tl.float32
         chunk = tl.arange(0, CHUNKS)[None, :]
@@ -383,7 +392,7 @@ def encode_features_kernel(
         word_b = tl.zeros([BLOCK, CHUNKS], tl.int32)
         high_a = tl.zeros([BLOCK, CHUNKS], tl.int32)  # at 8 bits: bytes 4-7
         high_b = tl.zeros([BLOCK, CHUNKS], tl.int32)
-        codes_ptr = blob_ptr + 8 * num_groups + groups * (GROUP * BITS // 8)
+        codes_ptr = blob_ptr + 4 * num_groups + groups * (GROUP * BITS // 8)
         keep = live & (chunk < GROUP // 16)
         for j in tl.static_range(8):
             # pair0 + j: its chunk's eight pairs never cross a multiple of 2**32 (pair0 is one of 8)
@@ -424,18 +433,16 @@ def encode_features_kernel(
             tl.store((codes_ptr + chunk * 4).to(tl.pointer_type(tl.int32)), word_a | (word_b << 16), mask=keep)
         elif BITS == 1:
             tl.store((codes_ptr + chunk * 2).to(tl.pointer_type(tl.int16)), (word_a | (word_b << 8)).to(tl.int16), mask=keep)
-        word = tl.reshape(scale, (BLOCK,))
-        group_min = tl.reshape(low, (BLOCK,))
-        words_ptr = blob_ptr.to(tl.pointer_type(tl.float32))
-        tl.store(words_ptr + g1, word, mask=features1 < row_stride)
-        tl.store(words_ptr + num_groups + g1, group_min, mask=features1 < row_stride)
+        words_ptr = blob_ptr.to(tl.pointer_type(tl.int32))
+        store_group_words(words_ptr + g1, tl.reshape(half, (BLOCK,)), tl.reshape(low, (BLOCK,)), features1 < row_stride,
+                          False)
     else:  # the format in full, a few features at a time, through the contiguous kernel's helpers
         for part in range(BLOCK // GENERAL_ROWS):
             rows, row_features, _ = program_features(part * GENERAL_ROWS, GENERAL_ROWS, BLOCK, token_blocks, WIDE)
             ya, yb, _ = _load_halves_features(x_ptr, row_features, token_block, row_stride, GROUP, CHUNKS)
             _encode_general(blob_ptr, rows, num_groups, ya, yb, mixed_key, dtype_max, LEVELS, BITS, GROUP, CHUNKS,
                             GENERAL_ROWS, WIDE)
-    zero_tail(blob_ptr, 8 * num_groups + num_groups * (GROUP * BITS // 8), nbytes)
+    zero_tail(blob_ptr, 4 * num_groups + num_groups * (GROUP * BITS // 8), nbytes)
     advance_counter(key_ptr, count, ADVANCE)
 
 

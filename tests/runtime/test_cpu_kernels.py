@@ -104,6 +104,8 @@ def test_degenerate_groups_match_the_reference(bits):
         torch.full((64,), 3.5),
         torch.tensor([0.0, -0.0] * 32),
         torch.tensor([-3.0e38, 3.0e38] * 32),
+        torch.tensor([-3.4e38, 1.0] * 32),  # a min below bfloat16's lowest: stored as bfloat16's lowest
+        1000.0 + torch.arange(64, dtype=torch.float32) * 1e-3,  # far from zero against its spread
         torch.arange(64, dtype=torch.float32) * step,
         torch.linspace(-1e-38, 1e-38, 64),  # subnormal values that bfloat16 can hold (from 2^-133)
     ]

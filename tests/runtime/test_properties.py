@@ -11,7 +11,9 @@ from gact_fx.runtime.reference import (
     dequantize_reference,
     pack_group_codes,
     quantize_reference,
+    scale_of,
     unpack_group_codes,
+    unpack_group_words,
 )
 
 from .sites import SLOT
@@ -55,8 +57,9 @@ def test_error_is_within_one_step_and_the_blob_has_the_declared_size(x, bits, gr
     decoded = dequantize_reference(blob, flat.numel(), x.dtype, group_size)
     assert decoded.dtype == x.dtype and torch.isfinite(decoded).all()
     groups = fmt.num_groups(flat.numel(), group_size)
-    step = blob[: groups * 4].view(torch.float32).repeat_interleave(group_size)[: flat.numel()]
-    assert (step > 0).all()  # finite inputs: no group is flagged or poisoned
+    half = unpack_group_words(blob[: groups * 4])[0]
+    assert not torch.signbit(half).any() and not half.isnan().any()  # finite inputs: none flagged or poisoned
+    step = scale_of(half, torch.tensor(2**bits - 1)).repeat_interleave(group_size)[: flat.numel()]
     exact = flat.float()
     # Rounding on top of the step: the decode's fp32 arithmetic (an ulp of the value: a
     # nearly constant group can have a step below that), then half an ulp of the output

@@ -13,6 +13,7 @@ from gact_fx.runtime.reference import (
     quantize_reference,
     unpack_codes,
     unpack_group_codes,
+    unpack_group_words,
 )
 
 FLOATS = [torch.float32, torch.float16, torch.bfloat16]
@@ -25,8 +26,10 @@ def roundtrip(x, bits, group_size=64, seed=0):
 
 
 def group_scales(blob, numel, group_size):
+    """The steps of a blob's groups, none of them flagged."""
     groups = fmt.num_groups(numel, group_size)
-    return blob[: groups * 4].view(torch.float32).abs()
+    half = unpack_group_words(blob[: groups * 4])[0]
+    return half * (2 / (2 ** fmt.bits_from_blob_nbytes(blob.numel()) - 1))
 
 
 def test_codes_are_packed_little_endian_within_a_byte():
@@ -84,6 +87,47 @@ def test_stochastic_rounding_is_unbiased(bits):
     single = (draws[0] - x).abs().mean()
     bias = (draws.mean(0) - x).abs().mean()
     assert bias < single / 8  # 1/sqrt(400) = 1/20 of a single draw if unbiased
+
+
+@pytest.mark.parametrize("offset", [1000.0, -1000.0, 0.0])
+def test_the_bfloat16_group_words_still_bound_every_group(offset):
+    # the min rounds down to a bfloat16 and the half range up, so the stored range covers
+    # the group and the rounding stays unbiased, even where the min is far from zero
+    x = offset + torch.rand(4 * 64, generator=torch.Generator().manual_seed(3)) * 0.7
+    for bits in (2, 8):
+        blob, y = roundtrip(x, bits)
+        half, group_min = unpack_group_words(blob[: 4 * 4])
+        groups = x.view(4, 64)
+        assert torch.equal(half, half.to(torch.bfloat16).float()) and torch.equal(group_min, group_min.to(torch.bfloat16).float())
+        assert (group_min <= groups.amin(1)).all()
+        assert (group_min + 2 * half >= groups.amax(1)).all()
+        assert (y.view(4, 64).amax(1) <= group_min + 2 * half).all()
+    draws = torch.stack([roundtrip(x, 2, seed=s)[1] for s in range(400)])
+    assert (draws.mean(0) - x).abs().mean() < (draws[0] - x).abs().mean() / 8  # 1/20 if unbiased
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
+def test_saturated_ends_decode_exactly(bits):
+    # tanh at -1 and 1, a sigmoid at 0 and 1: a backward that reads them through 1 - y^2 or
+    # y (1 - y) gets 0 there, as without gact (with the scale itself rounded to bfloat16,
+    # 1 came back as 1.0077 or 0.9999)
+    for low, high in ((-1.0, 1.0), (0.0, 1.0)):
+        x = torch.full((2 * 64,), high)
+        x[::3] = low
+        _, y = roundtrip(x, bits)
+        assert torch.equal(y, x)
+    x = torch.full((64,), 6.0)  # other ends that are bfloat16s: within float32's rounding of code * scale
+    x[::3] = 0.0
+    _, y = roundtrip(x, bits)
+    assert torch.allclose(y, x, rtol=2 * torch.finfo(torch.float32).eps, atol=0)
+
+
+def test_a_min_below_bfloat16s_lowest_is_stored_as_its_lowest():
+    x = torch.tensor([-3.4e38, 1.0] * 32)
+    blob, y = roundtrip(x, 4)
+    _, group_min = unpack_group_words(blob[:4])
+    assert group_min.item() == -torch.finfo(torch.bfloat16).max
+    assert torch.isfinite(y).all()
 
 
 def test_constant_groups_are_exact():

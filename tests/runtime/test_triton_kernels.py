@@ -18,10 +18,14 @@ ON_GPU = torch.cuda.is_available()
 if not ON_GPU and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("no GPU and TRITON_INTERPRET is not 1 (run through tests/conftest.py)", allow_module_level=True)
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
 from gact_fx.runtime import format as fmt  # noqa: E402
 from gact_fx.runtime import noise  # noqa: E402
 from gact_fx.runtime import triton_kernels as tk  # noqa: E402
 from gact_fx.runtime.reference import dequantize_reference, quantize_reference  # noqa: E402
+from gact_fx.runtime.triton_common import round_to  # noqa: E402
 
 pytestmark = pytest.mark.compat
 
@@ -140,14 +144,44 @@ def test_group_sizes_that_are_not_powers_of_two_write_the_references_blob(group_
     torch.testing.assert_close(decoded, expected, rtol=1e-6, atol=1e-6, equal_nan=True)  # (1 bit poisons the -inf group)
 
 
-def test_a_nan_with_every_mantissa_bit_set_decodes_to_nan_in_bfloat16():
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
+def test_groups_at_the_edges_of_the_bfloat16_words_match_the_reference(bits):
+    groups = [
+        torch.tensor([-3.4e38, 1.0] * (GROUP // 2)),  # a min below bfloat16's lowest (general path)
+        torch.tensor([-3.39e38, -3.0e38] * (GROUP // 2)),  # just above it (plain path)
+        1000.0 + torch.arange(GROUP, dtype=torch.float32) * 1e-3,  # far from zero against its spread
+        -1000.0 - torch.arange(GROUP, dtype=torch.float32) * 1e-3,
+    ]
+    x = torch.cat(groups).to(DEVICE)
+    key = noise.key_of(7, 8, device=DEVICE)
+    blob = tk.quantize(x, bits, GROUP, key=key)
+    assert torch.equal(blob, reference_blob(x, bits, GROUP, key))
+    assert torch.equal(tk.dequantize(blob, x.numel(), torch.float32, GROUP),
+                       dequantize_reference(blob, x.numel(), torch.float32, GROUP))
+
+
+@triton.jit
+def to_bfloat16(bits_ptr, out_ptr):
+    offsets = tl.arange(0, 4)
+    values = tl.load(bits_ptr + offsets).to(tl.float32, bitcast=True)
+    tl.store(out_ptr + offsets, round_to(values, tl.bfloat16))
+
+
+def test_a_nan_with_every_mantissa_bit_set_rounds_to_nan_in_bfloat16():
     # NVIDIA arithmetic returns 0x7FFFFFFF for a NaN operand; rounding it to bfloat16 by
     # hand carried into the sign bit and gave -0.0
+    bits = torch.tensor([0x7FFFFFFF, -1, 0x7FC00000, 0x3F808000], dtype=torch.int32, device=DEVICE)  # NaNs; 1 + 2^-8
+    out = torch.empty(4, dtype=torch.bfloat16, device=DEVICE)
+    to_bfloat16[(1,)](bits, out)
+    assert out[:3].isnan().all()
+    assert out[3].item() == 1.0  # a tie rounds to even
+
+
+def test_a_group_word_nan_with_every_mantissa_bit_set_decodes_to_nan():
     x = sample(2 * GROUP, torch.bfloat16)
     blob = tk.quantize(x, 4, GROUP, key=noise.key_of(1, 2, device=DEVICE))
-    groups = fmt.num_groups(x.numel(), GROUP)
-    all_ones_nan = torch.tensor([0x7FFFFFFF], dtype=torch.int32).view(torch.uint8).to(DEVICE)
-    blob[4 * groups : 4 * groups + 4] = all_ones_nan  # group 0's min: a NaN whose mantissa is all ones
+    all_ones_nan = torch.tensor([0x7FFF], dtype=torch.int16).view(torch.uint8).to(DEVICE)
+    blob[2:4] = all_ones_nan  # group 0's min: a bfloat16 NaN whose mantissa is all ones
     decoded = tk.dequantize(blob, x.numel(), torch.bfloat16, GROUP)
     assert decoded[:GROUP].isnan().all() and not decoded[GROUP:].isnan().any()
     assert dequantize_reference(blob, x.numel(), torch.bfloat16, GROUP)[:GROUP].isnan().all()
