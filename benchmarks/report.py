@@ -65,8 +65,10 @@ TABLE_FILES = {
                                    "huge pages, so that a fresh allocation faults once per 2 MB instead of once per 4 KB."),
     "warm_gradient_error_groups.json": ("Gradient error against bytes: widths and group sizes",
                                         "One draw's gradient error on the Llama after 300 fp32 steps, each width at each "
-                                        "group size; the activation bytes include each group's 8 bytes of metadata and "
-                                        "the attention floors (8 bits)."),
+                                        "group size; the activation bytes include each group's metadata and the "
+                                        "attention floors (8 bits). Measured with the float32 scale and min of the time "
+                                        "(8 bytes a group), as are the floors and rotation tables below; 'bfloat16 "
+                                        "group words' has the format of today (4)."),
     "warm_gradient_error_floors.json": ("Gradient error against bytes: attention floors and adaptive levels",
                                         "As above: uniform widths with attention's floors at 4 bits instead of 8 "
                                         "(`nonlinear_bits=4`), beside the adaptive levels."),
@@ -76,6 +78,12 @@ TABLE_FILES = {
                                           "and 64. Same bytes; the error is what changes."),
     "warm_gradient_error_rotation_gpt.json": ("Gradient error against bytes: the rotation on the char GPT",
                                               "As above, on the character GPT after 300 fp32 steps (`--task charlm`)."),
+    "warm_gradient_error_metadata.json": ("Gradient error against bytes: bfloat16 group words",
+                                          "`benchmarks/warm_gradient_error.py --task charlm-llama --configs 'uniform 4' "
+                                          "'uniform 3' 'uniform 2' --group-sizes 64 128 256 --rotations 0 32 --name "
+                                          "warm_gradient_error_metadata`: the format with each group's scale and min "
+                                          "stored as bfloat16 (4 bytes a group, where the tables above held 8). Against "
+                                          "them: the same error at each width and group size, in fewer bytes."),
     "static_kernels.json": ("GPU kernels, static: instructions per element against the memory-speed budget",
                             "`python benchmarks/static_kernels.py`: every variant the CUDA path launches, compiled "
                             "for sm_90 and read back with cuobjdump on this CPU machine. A static model: the GPU "
