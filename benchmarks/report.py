@@ -81,8 +81,8 @@ TABLE_FILES = {
     "warm_gradient_error_metadata.json": ("Gradient error against bytes: bfloat16 group words",
                                           "`benchmarks/warm_gradient_error.py --task charlm-llama --configs 'uniform 4' "
                                           "'uniform 3' 'uniform 2' --group-sizes 64 128 256 --rotations 0 32 --name "
-                                          "warm_gradient_error_metadata`: the format with each group's scale and min "
-                                          "stored as bfloat16 (4 bytes a group, where the tables above held 8). Against "
+                                          "warm_gradient_error_metadata`: the format with each group's min and half range "
+                                          "stored as bfloat16s (4 bytes a group, where the tables above held 8). Against "
                                           "them: the same error at each width and group size, in fewer bytes."),
     "static_kernels.json": ("GPU kernels, static: instructions per element against the memory-speed budget",
                             "`python benchmarks/static_kernels.py`: every variant the CUDA path launches, compiled "

@@ -18,7 +18,7 @@ def test_bits_are_recovered_from_blob_length(bits, group_size, numel):
 def test_quantized_blob_size_follows_the_layout(bits):
     numel, group_size = 1000, 256
     groups = 4  # ceil(1000 / 256)
-    body = groups * 4 + groups * group_size * bits // 8  # a bfloat16 scale and min per group
+    body = groups * 4 + groups * group_size * bits // 8  # a bfloat16 min and half range per group
     padded = -(-body // 8) * 8
     assert fmt.float_blob_nbytes(numel, bits, group_size, 4) == padded + fmt.tag_bytes(bits)
 
