@@ -31,6 +31,7 @@ METHODS = {
     "L1.2, rotation 32": {"level": "L1.2", "rotation": 32},
     "3 bit, rotation 32, groups of 128": {"bits": 3, "rotation": 32, "group_size": 128},
     "L1.2, rotation 32, groups of 128": {"level": "L1.2", "rotation": 32, "group_size": 128},
+    "L1.2, groups of 128": {"level": "L1.2", "group_size": 128},
     "L1.2, attention floor 4": {"level": "L1.2", "nonlinear_bits": 4},
     "L2 (adaptive 4)": {"level": "L2"},
     "L2.1 (adaptive 3)": {"level": "L2.1"},
