@@ -14,6 +14,7 @@ import pathlib
 from collections.abc import Mapping
 
 from ..report import format_bytes
+from ..runtime.format import ideal_ratio
 from .tasks import TASKS
 from .train import largest_norm_ratio
 
@@ -55,14 +56,15 @@ def _ratio(value, reference) -> str:
     return f"{reference / max(value, 1):.1f}x smaller" if value <= reference else f"{value / reference:.2f}x larger"
 
 
-def _metadata_bits(meta: dict, group_size: int = 256) -> float:
-    """Bits an element the run's format spent on group metadata (8 bytes a group before the
-    bfloat16 words, whose runs do not record it)."""
-    return 8 * meta.get("metadata_bytes_per_group", 8) / group_size
+def _metadata_bytes(meta: dict) -> int:
+    """A group's metadata bytes in the run's format (8 before the bfloat16 words, whose runs
+    do not record it)."""
+    return meta.get("metadata_bytes_per_group", 8)
 
 
 def suite_section(data: dict) -> str:
     rows, meta = data["rows"], data["meta"]
+    metadata = _metadata_bytes(meta)
     lines = ["## Memory, speed and compile time\n", _meta(meta),
              f"Compiler for every method: {meta.get('compiler')}. Saved activations: what autograd keeps after one forward "
              "when the caller keeps only the loss (saved outputs included; parameters and buffers left out), measured at "
@@ -70,7 +72,7 @@ def suite_section(data: dict) -> str:
              + ("`max_memory_allocated` over a step." if "CPU" not in meta.get("device", "") else
                 "the peak of a step's allocations above what it started with (CPU profiler).")
              + " Step time: median, as a ratio to torch.compile measured in the same run. Limit: the least the "
-             f"b-bit format of the run could store, (b + {_metadata_bits(meta)})/32 of fp32.\n"]
+             f"b-bit format of the run could store, (b + {8 * metadata / 256})/32 of fp32.\n"]
     for key in sorted({(r["model"], r["size"]) for r in rows}, key=lambda k: (k[0], k[1])):
         group = [r for r in rows if (r["model"], r["size"]) == key]
         base = next((r for r in group if r["method"] == "torch.compile" and not r["error"]), None)
@@ -83,7 +85,7 @@ def suite_section(data: dict) -> str:
                 lines.append(f"| {r['method']} | failed: {r['error'].replace('|', '/')} | | | | | | | |")
                 continue
             copies = "-" if r.get("weight_copy_bytes") is None else format_bytes(r["weight_copy_bytes"])
-            limit = f"{32 / (r['bits'] + _metadata_bits(meta)):.1f}x" if r.get("bits") else "-"
+            limit = "-" if not r.get("bits") else f"{1 / ideal_ratio(r['bits'], metadata_bytes=metadata):.1f}x"
             time_ratio = f"{r['step_ms'] / base['step_ms']:.2f}x" if base else f"{r['step_ms']:.1f} ms"
             versus = "baseline" if r is base else _ratio(r["saved_bytes"], base and base["saved_bytes"])
             lines.append(

@@ -141,6 +141,11 @@ inline float bfloat16_ceil(float x) {  // x positive and finite
 inline uint32_t group_word(float half_word, float lo) { return (bits_of(lo) & 0xFFFF0000u) | (bits_of(half_word) >> 16); }
 inline float word_half(uint32_t word) { return float_of(word << 16); }
 inline float word_min(uint32_t word) { return float_of(word & 0xFFFF0000u); }
+inline bool word_flagged(float half_word) { return bits_of(half_word) >> 31; }  // a flagged half range of 0 is -0.0
+// The step between codes, as group_words computes it: the half range times 2 / top.
+inline float word_scale(float half_word, uint32_t L) {
+  return std::fabs(half_word) * (word_flagged(half_word) ? 2.0f / (float)std::max(L - 1, 1u) : 2.0f / (float)L);
+}
 inline uint32_t load_word(const uint8_t* blob, int64_t g) {
   uint32_t word;
   std::memcpy(&word, blob + 4 * g, 4);
@@ -650,8 +655,8 @@ void decode_group(const uint8_t* blob, int64_t numel, int64_t g, int64_t group, 
   constexpr uint32_t L = (1u << BITS) - 1;
   const uint32_t stored = load_word(blob, g);
   const float word = word_half(stored);
-  const bool flagged = bits_of(word) >> 31;  // a flagged half range of 0 is -0.0
-  const float scale = std::fabs(word) * (flagged ? 2.0f / (float)std::max(L - 1, 1u) : 2.0f / (float)L);
+  const bool flagged = word_flagged(word);
+  const float scale = word_scale(word, L);
   const uint32_t kind = (bits_of(word) >> 16) & 3u;
   const float extreme = kind >= 2 ? dmax : INFINITY;
   const f8 special = splat((kind & 1u) ? extreme : -extreme), scale8 = splat(scale), lo = splat(word_min(stored));
@@ -988,8 +993,8 @@ void decode_block(const uint8_t* blob, int64_t N, int64_t C, int64_t t0, int64_t
       const int64_t g = ((v0 + v) * LANES_W + l) * (N / group) + t0 / group;
       const uint32_t stored = load_word(blob, g);
       const float word = word_half(stored);
-      const bool flagged = bits_of(word) >> 31;  // a flagged half range of 0 is -0.0
-      const float scale = std::fabs(word) * (flagged ? 2.0f / (float)std::max(L - 1, 1u) : 2.0f / (float)L);
+      const bool flagged = word_flagged(word);
+      const float scale = word_scale(word, L);
       const uint32_t kind = (bits_of(word) >> 16) & 3u;
       const float extreme = kind >= 2 ? dmax : INFINITY;
       special[v][l] = (kind & 1u) ? extreme : -extreme;

@@ -16,13 +16,13 @@ permutation (see ``runtime.ops``):
       [ tag : tag_bytes(bits) bytes ]
 
   With ``L = 2**bits - 1``, element ``i`` of group ``g`` decodes as ``min[g] + code *
-  scale[g]``, where ``scale = half * (2 / top)``. Codes are packed little-endian inside each byte: element ``k`` of a byte
-  sits at bit ``(k * bits) % 8``. At 3 bits a group's ``3 * group_size / 8`` bytes are two
-  planes, packed as above: the low two bits of its codes (``group_size / 4`` bytes), then
-  their high bit (``group_size / 8`` bytes); so every width packs whole bytes with the
-  1/2/4/8-bit packers, and 3 bits exist because rounding variance falls by
-  ``(3/7)^2 = 0.18x`` from 2 to 3 bits, where mixing 2 and 4 bits for the same bytes
-  gives only 0.52x. The last group is padded with copies of the last
+  scale[g]``, where ``scale = half * (2 / top)``. Codes are packed little-endian inside
+  each byte: element ``k`` of a byte sits at bit ``(k * bits) % 8``. At 3 bits a group's
+  ``3 * group_size / 8`` bytes are two planes, packed as above: the low two bits of its
+  codes (``group_size / 4`` bytes), then their high bit (``group_size / 8`` bytes); so
+  every width packs whole bytes with the 1/2/4/8-bit packers, and 3 bits exist because
+  rounding variance falls by ``(3/7)^2 = 0.18x`` from 2 to 3 bits, where mixing 2 and 4
+  bits for the same bytes gives only 0.52x. The last group is padded with copies of the last
   element. Codes come from stochastic rounding, ``floor((x - min) / scale + u)`` with
   ``u`` from ``runtime.noise``, so ``E[decode] == x``; a constant group stores ``half =
   0`` and codes 0. A group stores its min and half its range as bfloat16s whatever the
@@ -74,7 +74,7 @@ RUNTIME_BITS = 0  # ``gact::quantize(..., bits=RUNTIME_BITS)``: the site's width
 SPECIAL_KINDS = ("-inf", "+inf", "-max", "+max")  # kind k sits in the low 2 bits of a flagged half range
 TOKEN_BYTES = 8
 PASS_THROUGH_BITS = 32
-METADATA_BYTES_PER_GROUP = 4  # bfloat16 scale + bfloat16 min
+METADATA_BYTES_PER_GROUP = 4  # bfloat16 half range + bfloat16 min
 HALF_MAX_BITS = 0x7F7C0000  # float32 bits of the largest half range (half that at top code 1): 4 ulps below +inf
 MAX_GROUP_SIZE = 4096  # every codec holds a group at once (one GPU program, the CPU codec's buffer)
 _ALIGN = 8
@@ -145,12 +145,14 @@ def bits_from_blob_nbytes(nbytes: int) -> int:
     return _BITS_BY_TAG[tag]
 
 
-def ideal_ratio(bits: int, group_size: int = 256, itemsize: int = 4) -> float:
+def ideal_ratio(bits: int, group_size: int = 256, itemsize: int = 4,
+                metadata_bytes: int = METADATA_BYTES_PER_GROUP) -> float:
     """Stored size over original size for a large tensor: ``(b + 32/group_size) / (8*itemsize)``.
 
-    With 256-element groups and fp32 inputs this is ``(b + 0.125) / 32``.
+    With 256-element groups and fp32 inputs this is ``(b + 0.125) / 32``. ``metadata_bytes``:
+    a group's, for a format of another time (8 before the bfloat16 words).
     """
     check_bits(bits)
     if bits == PASS_THROUGH_BITS:
         return 1.0
-    return (bits + 8 * METADATA_BYTES_PER_GROUP / group_size) / (8 * itemsize)
+    return (bits + 8 * metadata_bytes / group_size) / (8 * itemsize)

@@ -11,6 +11,7 @@ from gact_fx.runtime.reference import (
     pack_codes,
     pack_group_codes,
     quantize_reference,
+    scale_of,
     unpack_codes,
     unpack_group_codes,
     unpack_group_words,
@@ -29,7 +30,7 @@ def group_scales(blob, numel, group_size):
     """The steps of a blob's groups, none of them flagged."""
     groups = fmt.num_groups(numel, group_size)
     half = unpack_group_words(blob[: groups * 4])[0]
-    return half * (2 / (2 ** fmt.bits_from_blob_nbytes(blob.numel()) - 1))
+    return scale_of(half, torch.tensor(2 ** fmt.bits_from_blob_nbytes(blob.numel()) - 1))
 
 
 def test_codes_are_packed_little_endian_within_a_byte():
