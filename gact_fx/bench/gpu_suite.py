@@ -67,11 +67,19 @@ def _write_json(path: pathlib.Path, data) -> None:
 # -- running a part under a hard limit ------------------------------------------------------
 
 
+def _hear_sigint() -> None:
+    """In the child: take SIGINT's default action. A shell starts a background job with
+    SIGINT ignored, its children inherit that, and a Python started so never raises
+    KeyboardInterrupt: pytest would then be killed at its limit without its report."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_limited(command: list[str], seconds: float, *, cwd: pathlib.Path | None = None) -> dict:
     """Run ``command``; at ``seconds`` interrupt it (SIGINT), and kill it if it is still alive
     ``INTERRUPT_GRACE`` later. Returns how it ended and its output's last lines."""
     started = time.monotonic()
-    process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               preexec_fn=_hear_sigint if os.name == "posix" else None)
     ended = "finished"
     try:
         output, _ = process.communicate(timeout=max(seconds, 1.0))
