@@ -18,8 +18,13 @@ stochastic rounding keeps it unbiased.
 
 Factors that share saved inputs move together, and only if that does not add bytes:
 the factors' bytes must not exceed those of the saved values nothing else in the
-backward needs any more. A factor that would add a tensor (a value still needed
-linearly elsewhere) stays where it is.
+backward needs any more. Where those values are stored at ``COARSE_BITS`` or fewer, a
+group may add up to one tensor's worth (twice the bytes it frees), since there the bias
+is no longer small: a BERT head (dense, GELU, LayerNorm) rebuilds both ``gelu'(x)`` and
+the LayerNorm's input ``gelu(x)`` from ``x``, so both move and ``x`` goes (two tensors
+for one; at 2 bits, rounding ``x`` there biased a masked LM's gradient to 1.4x the
+averaging floor). A factor whose values are still needed linearly elsewhere frees
+nothing and stays where it is.
 """
 
 from __future__ import annotations
@@ -39,19 +44,27 @@ log = logging.getLogger(__name__)
 
 aten = torch.ops.aten
 
+# At this many bits or fewer a curved function of a rounded value is biased enough that
+# saving its factors is worth a tensor more (the bias shrinks 4x with each bit).
+COARSE_BITS = 3
+
 
 def hoist_derivatives(
-    fw: fx.GraphModule, bw: fx.GraphModule, saved: SavedGraph, quantized: Collection[int] | None = None
+    fw: fx.GraphModule, bw: fx.GraphModule, saved: SavedGraph, quantized: Collection[int] | None = None,
+    coarse: Collection[int] = (),
 ) -> int:
     """Rewrite in place; returns the number of factors moved to the forward
-    (``quantized`` as for ``passes.hoist.hoist_comparisons``)."""
+    (``quantized`` as for ``passes.hoist.hoist_comparisons``; ``coarse``: the positions
+    stored at ``COARSE_BITS`` or fewer, whose factors may add a tensor)."""
     lossy = lossy_placeholders(saved, quantized)
     if not lossy:
         return 0
     inputs = {v.bw_placeholder for v in saved.values}
     _regroup_products(bw, inputs, lossy)
     factors = _factors(bw, inputs, lossy)
-    return hoist_nodes(fw, bw, saved, quantized, _without_extra_bytes(bw, factors, inputs), "hoisted_derivative")
+    coarse_inputs = lossy_placeholders(saved, coarse)
+    chosen = _without_extra_bytes(bw, factors, inputs, lossy, coarse_inputs)
+    return hoist_nodes(fw, bw, saved, quantized, chosen, "hoisted_derivative")
 
 
 def _saved_only(bw: fx.GraphModule, inputs: set[fx.Node]) -> set[fx.Node]:
@@ -124,8 +137,10 @@ def _factors(bw: fx.GraphModule, inputs: set[fx.Node], lossy: set[fx.Node]) -> l
     ]
 
 
-def _without_extra_bytes(bw: fx.GraphModule, factors: list[fx.Node], inputs: set[fx.Node]) -> list[fx.Node]:
-    """The factors whose group (factors sharing saved inputs) frees at least its own bytes."""
+def _without_extra_bytes(bw: fx.GraphModule, factors: list[fx.Node], inputs: set[fx.Node], lossy: set[fx.Node],
+                         coarse: set[fx.Node]) -> list[fx.Node]:
+    """The factors whose group (factors sharing saved inputs) frees at least its own bytes,
+    or half of them where every lossy saved input it reads is ``coarse``."""
     needed, stack, cut = set(), [output_node(bw)], set(factors)
     while stack:
         node = stack.pop()
@@ -147,7 +162,7 @@ def _without_extra_bytes(bw: fx.GraphModule, factors: list[fx.Node], inputs: set
     for members, roots in groups:
         added = sum(nbytes_of(f.meta["val"]) for f in members)
         freed = sum(nbytes_of(r.meta["val"]) for r in roots if r not in needed and isinstance(r.meta.get("val"), torch.Tensor))
-        if added <= freed:
+        if added <= (2 if roots & lossy <= coarse else 1) * freed:
             chosen += members
         else:
             log.debug("kept %s in the backward: saving it would add %d bytes", [f.name for f in members], added - freed)

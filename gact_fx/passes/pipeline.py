@@ -22,10 +22,11 @@ import torch.fx as fx
 
 from .affine import recompute_affine
 from .attention import recompute_attention_outputs
-from .derivatives import hoist_derivatives
+from .derivatives import COARSE_BITS, hoist_derivatives
 from .hoist import hoist_comparisons, hoist_exponentials
 from .plan import activation_nbytes
 from .saved import SavedGraph, find_saved, static_placeholders
+from .selects import rebuild_selects
 
 if TYPE_CHECKING:  # the passes read the config's switches; they do not import it
     from ..config import PassesConfig
@@ -58,12 +59,13 @@ class PassContext:
     num_fwd_outputs: int
     static_indices: Sequence[int]
     saved: SavedGraph
-    # Positions of the saved values the plan would store below full precision, for the
-    # current section (``overridden=False``: less those whose bits an override sets).
-    lossy_positions: Callable[[SavedGraph, bool], set[int]]
+    # Positions of the saved values the plan would store at ``max_bits`` or fewer (31:
+    # below full precision), for the current section (``overridden=False``: less those
+    # whose bits an override sets).
+    lossy_positions: Callable[[SavedGraph, bool, int], set[int]]
 
-    def lossy(self, overridden: bool = True) -> set[int]:
-        return self.lossy_positions(self.saved, overridden)
+    def lossy(self, overridden: bool = True, max_bits: int = 31) -> set[int]:
+        return self.lossy_positions(self.saved, overridden, max_bits)
 
     def refresh(self) -> None:
         self.saved = find_saved(self.fw, self.bw, self.num_fwd_outputs, self.static_indices)
@@ -77,12 +79,15 @@ class GraphPass:
 
 
 SECTION_PASSES = (
+    GraphPass("rebuild selects", lambda switches: True,
+              lambda ctx: rebuild_selects(ctx.fw, ctx.bw, ctx.saved, ctx.lossy())),
     GraphPass("hoist exponentials", lambda switches: True,
               lambda ctx: hoist_exponentials(ctx.fw, ctx.bw, ctx.saved, ctx.lossy())),
     GraphPass("hoist comparisons", lambda switches: True,
               lambda ctx: hoist_comparisons(ctx.fw, ctx.bw, ctx.saved, ctx.lossy())),
     GraphPass("hoist derivatives", lambda switches: switches.save_derivatives,
-              lambda ctx: hoist_derivatives(ctx.fw, ctx.bw, ctx.saved, ctx.lossy())),
+              lambda ctx: hoist_derivatives(ctx.fw, ctx.bw, ctx.saved, ctx.lossy(),
+                                            coarse=ctx.lossy(max_bits=COARSE_BITS))),
     GraphPass("recompute attention", lambda switches: switches.recompute_attention,
               lambda ctx: recompute_attention_outputs(ctx.fw, ctx.bw, ctx.saved, ctx.lossy())),
     # A tensor whose bits an override sets keeps them: it is not rebuilt from another.
