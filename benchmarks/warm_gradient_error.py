@@ -1,4 +1,4 @@
-"""One draw's gradient error, and the bias, on a character LM after a short fp32 warm-up.
+"""One draw's gradient error, and the bias, on a transformer task after a short fp32 warm-up.
 
 Trains a convergence task's model (``charlm``: the GPT, ``charlm-llama``: the Llama)
 in fp32 for ``--warmup`` steps, then takes one batch's exact gradient and ``--draws``
@@ -83,7 +83,7 @@ def draws(model, batch, loss, options: dict, count: int):
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--task", choices=["charlm", "charlm-llama"], default="charlm")
+    parser.add_argument("--task", choices=["charlm", "charlm-llama", "charlm-bert", "digits-vit"], default="charlm")
     parser.add_argument("--warmup", type=int, default=300)
     parser.add_argument("--draws", type=int, default=6)
     parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
