@@ -1,5 +1,6 @@
 """Regenerate BENCHMARKS.md from benchmarks/results: every script's table, the convergence
-runs, and ``gact-fx bench``'s own files (the suite, the GPU suite).
+runs and their loss against bytes (its figure drawn here), and ``gact-fx bench``'s own
+files (the suite, the GPU suite).
 
     python benchmarks/report.py
 """
@@ -9,7 +10,8 @@ from __future__ import annotations
 import pathlib
 import sys
 
-from gact_fx.bench.markdown import TABLES, write_markdown
+from gact_fx.bench import plots, tradeoff
+from gact_fx.bench.markdown import HIGHER_IS_BETTER, TABLES, load_result, write_markdown
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from benchmarks._results import RESULTS  # noqa: E402
@@ -84,6 +86,11 @@ TABLE_FILES = {
                                           "warm_gradient_error_metadata`: the format with each group's min and half range "
                                           "stored as bfloat16s (4 bytes a group, where the tables above held 8). Against "
                                           "them: the same error at each width and group size, in fewer bytes."),
+    "warm_gradient_error_bert.json": ("Gradient error against bytes: a BERT-like masked LM",
+                                      "`benchmarks/warm_gradient_error.py --task charlm-bert --configs 'uniform 4' "
+                                      "'uniform 3' 'uniform 2' 'uniform 3, attention floor 4' --group-sizes 128 256 "
+                                      "--rotations 0 32 --name warm_gradient_error_bert`: the masked LM (ModernBERT over "
+                                      "bytes) after 300 fp32 steps, in today's format (bfloat16 group words)."),
     "static_kernels.json": ("GPU kernels, static: instructions per element against the memory-speed budget",
                             "`python benchmarks/static_kernels.py`: every variant the CUDA path launches, compiled "
                             "for sm_90 and read back with cuobjdump on this CPU machine. A static model: the GPU "
@@ -93,6 +100,9 @@ TABLE_FILES = {
 
 def main() -> None:
     target = RESULTS.parent.parent / "BENCHMARKS.md"
+    convergences = [load_result(p) for p in sorted(RESULTS.glob("convergence_*.json")) if "." not in p.stem]
+    points = tradeoff.run_points(convergences, HIGHER_IS_BETTER)
+    plots.loss_against_bytes(tradeoff.curves(points, HIGHER_IS_BETTER), RESULTS / tradeoff.FIGURE)
     write_markdown(RESULTS, target, tables={**TABLE_FILES, **TABLES}, generator="python benchmarks/report.py")
     print(f"wrote {target}")
 

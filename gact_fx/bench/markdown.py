@@ -15,6 +15,7 @@ from collections.abc import Mapping
 
 from ..report import format_bytes
 from ..runtime.format import ideal_ratio
+from . import tradeoff
 from .tasks import TASKS
 from .train import largest_norm_ratio
 
@@ -43,7 +44,8 @@ def _figure(alt: str, figure: pathlib.Path, target: pathlib.Path) -> str:
     return f"\n![{alt}]({link})\n"
 
 
-def _load(path: pathlib.Path):
+def load_result(path: pathlib.Path) -> dict:
+    """A result file as {"meta", "results"|"markdown"}."""
     data = json.loads(path.read_text())
     if isinstance(data, list):  # older files: a bare list of results
         return {"meta": {}, "results": data}
@@ -163,7 +165,7 @@ def write_markdown(results: pathlib.Path, target: pathlib.Path, *, tables: Mappi
     loaded: list[dict] = []
 
     def load(path: pathlib.Path) -> dict:
-        loaded.append(_load(path))
+        loaded.append(load_result(path))
         return loaded[-1]
 
     source = pathlib.Path(os.path.relpath(results.resolve(), target.resolve().parent)).as_posix()
@@ -176,8 +178,14 @@ def write_markdown(results: pathlib.Path, target: pathlib.Path, *, tables: Mappi
     if (results / "accuracy.json").exists():
         sections.append(accuracy_section(load(results / "accuracy.json"))
                         + _figure("training curves", results / "accuracy_curves.png", target))
+    convergences = []
     for path in sorted(p for p in results.glob("convergence_*.json") if "." not in p.stem):  # not the parts
-        sections.append(convergence_section(path, load(path), target))
+        convergences.append(load(path))
+        sections.append(convergence_section(path, convergences[-1], target))
+    points = tradeoff.run_points(convergences, HIGHER_IS_BETTER)
+    if points:
+        figure = _figure("loss against bytes held", results / tradeoff.FIGURE, target)
+        sections.append(tradeoff.section(points, HIGHER_IS_BETTER, figure))
     for name, (title, note) in tables.items():
         if (results / name).exists():
             data = load(results / name)
