@@ -89,16 +89,15 @@ class GactPartitioner:
         and bool-store behaviour then shape how the plan lays tensors out)."""
         return self.compiler == "inductor" and self.config.compile.lowering != "aten"
 
-    def _lossy_positions(self, bw: fx.GraphModule, saved: SavedGraph, options: PlanOptions,
-                         overridden: bool = True, max_bits: int = 31) -> set[int]:
-        """Positions of the saved values the plan would store at ``max_bits`` or fewer
-        (by default: below full precision; ``overridden=False``: less those whose bits a
-        per-tensor override sets)."""
+    def _planned_bits(self, bw: fx.GraphModule, saved: SavedGraph, options: PlanOptions,
+                      overridden: bool = True) -> dict[int, int]:
+        """The bits the plan would store each saved float value at, by position
+        (``overridden=False``: less those whose bits a per-tensor override sets)."""
         plan = plan_compression(saved, options, allocate_slot=lambda: -1, uses=_uses(bw, saved))  # a dry run: no slots
         plan = assign_bits(plan, bits_chooser(self.config), estimate_bits=self.config.initial_bits)
         return {
-            m.position for c in plan.compressions
-            if c.is_float and c.bits <= max_bits and (overridden or c.bits_source != BitsSource.OVERRIDE)
+            m.position: c.bits for c in plan.compressions
+            if c.is_float and (overridden or c.bits_source != BitsSource.OVERRIDE)
             for m in c.members
         }
 
@@ -131,8 +130,7 @@ class GactPartitioner:
             channels_last=self._inductor_runs_the_ops and inductor_lays_out_channels_last(fw),
         )
         context = PassContext(fw, bw, num_fwd_outputs, static_indices, saved,
-                              lambda current, overridden, max_bits: self._lossy_positions(bw, current, options,
-                                                                                          overridden, max_bits))
+                              lambda current, overridden: self._planned_bits(bw, current, options, overridden))
         runs = run_section_passes(context, self.config.passes) if self.config.enabled else []
         saved, stopwatch = context.saved, Stopwatch(runs)
         plan = stopwatch.time("plan", lambda: assign_bits(

@@ -34,8 +34,8 @@ class RunPoint:
 
 def format_of(method: str) -> str:
     """A method's format: its name with the width (``3 bit``, ``L1.2 (2 bit)``, ``L2.2``) as
-    ``uniform`` or ``adaptive``, and a re-run's parenthesised remark dropped."""
-    name = re.sub(r" \((other signs|[^)]*relabelled[^)]*)\)$", "", method)
+    ``uniform`` or ``adaptive``, and a re-run's `` (other signs)`` dropped."""
+    name = method.removesuffix(" (other signs)")
     name = _UNIFORM.sub("uniform", name, count=1)
     return _ADAPTIVE.sub("adaptive", name, count=1)
 
@@ -78,14 +78,14 @@ def section(points: list[RunPoint], higher_is_better: dict[str, bool], figure: s
              "bytes in different runs: the format under its name changed between them.\n", figure]
     for task in sorted({p.task for p in points}):
         accuracy = higher_is_better.get(task.split(",")[0])
-        unit, limit = (" pp", 1.0) if accuracy else ("%", 1.0)
-        lines += [f"\n**{task}**\n", "| method | activations vs fp32 | runs (seeds) | vs fp32, each run | within 1"
-                  f"{unit.strip() or '%'} | largest gradient norm / fp32's |", "| --- | --- | --- | --- | --- | --- |"]
+        unit = " pp" if accuracy else "%"
+        lines += [f"\n**{task}**\n", f"| method | activations vs fp32 | runs (seeds) | vs fp32, each run | within 1"
+                  f"{unit} | largest gradient norm / fp32's |", "| --- | --- | --- | --- | --- | --- |"]
         rows = _rows([p for p in points if p.task == task])
         for (method, ratio), runs in sorted(rows.items(), key=lambda item: (item[0][1], item[0][0])):
             runs = sorted(runs, key=lambda p: p.seed)
             shown = [round(p.delta, 2) for p in runs]  # counted as printed
-            good = sum((d >= -limit) if accuracy else (d <= limit) for d in shown)
+            good = sum((d >= -1) if accuracy else (d <= 1) for d in shown)
             deltas = ", ".join(f"{p.delta:+.2f}" for p in runs) + unit
             norms = [p.norm_ratio for p in runs if p.norm_ratio is not None]
             largest = f"{max(norms):.1f}x" if norms else "-"
@@ -95,7 +95,10 @@ def section(points: list[RunPoint], higher_is_better: dict[str, bool], figure: s
     return "\n".join(lines) + "\n"
 
 
-def curves(points: list[RunPoint], higher_is_better: dict[str, bool]) -> dict[str, dict[str, list[tuple[float, float, float, float]]]]:
+Curve = list[tuple[float, float, float, float]]  # (ratio, median, lowest, highest) per method of a format
+
+
+def curves(points: list[RunPoint], higher_is_better: dict[str, bool]) -> dict[str, dict[str, Curve]]:
     """Per task, per format: (ratio, median, lowest, highest) of each of its methods, by
     ratio, of how much worse than fp32 each run ended: percent more loss, or points less
     accuracy."""

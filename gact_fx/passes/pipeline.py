@@ -28,6 +28,8 @@ from .plan import activation_nbytes
 from .saved import SavedGraph, find_saved, static_placeholders
 from .selects import rebuild_selects
 
+BELOW_FULL_PRECISION = 31  # ``at_most`` this: every width below 32 bits, the lossy ones
+
 if TYPE_CHECKING:  # the passes read the config's switches; they do not import it
     from ..config import PassesConfig
 
@@ -59,13 +61,13 @@ class PassContext:
     num_fwd_outputs: int
     static_indices: Sequence[int]
     saved: SavedGraph
-    # Positions of the saved values the plan would store at ``max_bits`` or fewer (31:
-    # below full precision), for the current section (``overridden=False``: less those
-    # whose bits an override sets).
-    lossy_positions: Callable[[SavedGraph, bool, int], set[int]]
+    # The bits the plan would store each saved float value at, by position, for the
+    # current section (``overridden=False``: less those whose bits an override sets).
+    planned_bits: Callable[[SavedGraph, bool], dict[int, int]]
 
-    def lossy(self, overridden: bool = True, max_bits: int = 31) -> set[int]:
-        return self.lossy_positions(self.saved, overridden, max_bits)
+    def lossy(self, overridden: bool = True) -> set[int]:
+        """Positions of the saved values the plan would store below full precision."""
+        return at_most(self.planned_bits(self.saved, overridden), BELOW_FULL_PRECISION)
 
     def refresh(self) -> None:
         self.saved = find_saved(self.fw, self.bw, self.num_fwd_outputs, self.static_indices)
@@ -78,6 +80,17 @@ class GraphPass:
     run: Callable[[PassContext], bool]  # whether it changed the graphs
 
 
+def at_most(bits: dict[int, int], limit: int) -> set[int]:
+    """The positions of ``bits`` (``PassContext.planned_bits``) stored at ``limit`` bits or fewer."""
+    return {position for position, width in bits.items() if width <= limit}
+
+
+def _hoist_derivatives(ctx: PassContext) -> int:
+    bits = ctx.planned_bits(ctx.saved, True)  # one dry-run plan for both sets
+    return hoist_derivatives(ctx.fw, ctx.bw, ctx.saved, at_most(bits, BELOW_FULL_PRECISION),
+                             coarse=at_most(bits, COARSE_BITS))
+
+
 SECTION_PASSES = (
     GraphPass("rebuild selects", lambda switches: True,
               lambda ctx: rebuild_selects(ctx.fw, ctx.bw, ctx.saved, ctx.lossy())),
@@ -85,9 +98,7 @@ SECTION_PASSES = (
               lambda ctx: hoist_exponentials(ctx.fw, ctx.bw, ctx.saved, ctx.lossy())),
     GraphPass("hoist comparisons", lambda switches: True,
               lambda ctx: hoist_comparisons(ctx.fw, ctx.bw, ctx.saved, ctx.lossy())),
-    GraphPass("hoist derivatives", lambda switches: switches.save_derivatives,
-              lambda ctx: hoist_derivatives(ctx.fw, ctx.bw, ctx.saved, ctx.lossy(),
-                                            coarse=ctx.lossy(max_bits=COARSE_BITS))),
+    GraphPass("hoist derivatives", lambda switches: switches.save_derivatives, _hoist_derivatives),
     GraphPass("recompute attention", lambda switches: switches.recompute_attention,
               lambda ctx: recompute_attention_outputs(ctx.fw, ctx.bw, ctx.saved, ctx.lossy())),
     # A tensor whose bits an override sets keeps them: it is not rebuilt from another.
