@@ -3,6 +3,7 @@
     python benchmarks/convergence.py --task mnist1d --steps 2000
     python benchmarks/convergence.py --task charlm --steps 1000 --methods fp32 "L1.2 (2 bit)" "L2.2 (adaptive 2)"
     python benchmarks/convergence.py --task charlm-llama --steps 1000 --clip-grad-norm 1.0   # as the transformers Trainer
+    python benchmarks/convergence.py --task charlm-bert --warm-steps 300 --steps 600   # continued from fp32's step 300
 
 Methods can run in separate processes (``--part NAME`` writes ``convergence_<task>.NAME.json``)
 and be merged (``--merge``; ``--append`` adds them to the results already there), so that two
@@ -25,7 +26,7 @@ import torch
 
 from gact_fx.bench.metadata import metadata
 from gact_fx.bench.tasks import TASKS
-from gact_fx.bench.train import METHODS, TrainResult, largest_norm_ratio, train
+from gact_fx.bench.train import METHODS, TrainResult, largest_norm_ratio, train, warm_start
 from gact_fx.dynamo_backend import resolve_compiler
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
@@ -99,11 +100,15 @@ def main(argv=None):
     parser.add_argument("--clip-grad-norm", type=float, metavar="NORM",
                         help="clip the gradients' total norm to NORM before each step (results: convergence_<task>_clipNORM, "
                              "0.5 written 0p5)")
+    parser.add_argument("--warm-steps", type=int, default=0, metavar="N",
+                        help="train fp32 for N steps first, then continue each method from that state for --steps "
+                             "(one schedule over both; results: convergence_<task>_warmN)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     task = TASKS[args.task](seed=args.seed)
     clip = f"_clip{args.clip_grad_norm:g}".replace(".", "p") if args.clip_grad_norm else ""  # no dot: parts are suffixes
-    stem = RESULTS / (f"convergence_{args.task}{clip}" + (f"_seed{args.seed}" if args.seed else ""))
+    warm = f"_warm{args.warm_steps}" if args.warm_steps else ""
+    stem = RESULTS / (f"convergence_{args.task}{clip}{warm}" + (f"_seed{args.seed}" if args.seed else ""))
     if args.merge:
         parts = [json.loads(stem.with_suffix(f".{name}.json").read_text()) for name in args.merge]
         if args.append:
@@ -115,17 +120,23 @@ def main(argv=None):
         return write(results, task, stem, meta)
     RESULTS.mkdir(exist_ok=True)
     meta = metadata("cpu") | {"compiler": f"auto ({resolve_compiler('auto', ())} on the CPU)", "threads": args.threads, "seed": args.seed,
-                                **({"clip_grad_norm": args.clip_grad_norm} if args.clip_grad_norm else {})}
+                                **({"clip_grad_norm": args.clip_grad_norm} if args.clip_grad_norm else {}),
+                                **({"warm_steps": args.warm_steps} if args.warm_steps else {})}
+    start = None
+    if args.warm_steps:
+        print(f"{task.name}: fp32 for {args.warm_steps} steps (the warm start)", file=sys.stderr, flush=True)
+        start = warm_start(task, steps=args.warm_steps, then=args.steps, seed=args.seed, max_grad_norm=args.clip_grad_norm)
     results = []
     for method in args.methods:
         def progress(result):
             step, value = result.curve[-1]
-            print(f"  {method:20s} step {step:5d}/{args.steps}  {task.metric} {value:.4f}", file=sys.stderr, flush=True)
+            print(f"  {method:20s} step {step:5d}/{args.warm_steps + args.steps}  {task.metric} {value:.4f}", file=sys.stderr,
+                  flush=True)
 
         print(f"{task.name}: {method}", file=sys.stderr, flush=True)
         torch._dynamo.reset()
         results.append(train(task, method, METHODS[method], steps=args.steps, eval_every=args.eval_every, seed=args.seed,
-                             progress=progress, max_grad_norm=args.clip_grad_norm))
+                             progress=progress, max_grad_norm=args.clip_grad_norm, warm=start))
         if args.part:  # after each method, so that a run stopped early keeps what it finished
             stem.with_suffix(f".{args.part}.json").write_text(
                 json.dumps({"meta": meta, "results": [dataclasses.asdict(r) for r in results]}, indent=1))

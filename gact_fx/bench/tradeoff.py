@@ -46,6 +46,7 @@ def run_points(convergences: list[dict], higher_is_better: dict[str, bool]) -> l
     for data in convergences:
         meta = data["meta"]
         clip = meta.get("clip_grad_norm")
+        warm = meta.get("warm_steps")
         reference = next((r for r in data["results"] if r["method"] == "fp32" and r.get("curve")), None)
         if reference is None:
             continue
@@ -53,7 +54,7 @@ def run_points(convergences: list[dict], higher_is_better: dict[str, bool]) -> l
         for r in data["results"]:
             if r is reference or not r.get("curve") or not r.get("activation_ratio") or r.get("diverged"):
                 continue
-            task = r["task"] + (f", clipped at {clip:g}" if clip else "")
+            task = r["task"] + (f", clipped at {clip:g}" if clip else "") + (f", after {warm} fp32 steps" if warm else "")
             final = r["curve"][-1][1]
             delta = 100 * (final - base) if higher_is_better.get(r["task"]) else 100 * (final - base) / base
             norms = largest_norm_ratio(r.get("grad_norms") or [], reference.get("grad_norms") or [])

@@ -1,11 +1,15 @@
 """Train a task under one gact configuration and record the curve: the accuracy runner.
 
 Every run starts from the same weights, data order and gact rounding seed; only the
-options differ. Evaluation runs under ``torch.no_grad()`` (no compression cost).
+options differ. A run can also start from a ``WarmStart``: the state fp32 training
+reached after some steps (weights, optimizer, schedule, data order), from which each
+method continues as fp32 would have. Evaluation runs under ``torch.no_grad()`` (no
+compression cost).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from dataclasses import dataclass, field
@@ -67,59 +71,110 @@ class TrainResult:
     diverged: bool = False
     average_bits: float | None = None  # over every compressed float tensor, floors included
     activation_ratio: float | None = None  # activation bytes without gact / with (the report)
+    warm_steps: int = 0  # fp32 steps before this run's first (its curve counts on from them)
 
     @property
     def final(self) -> float:
         return self.curve[-1][1] if self.curve else float("nan")
 
 
+@dataclass
+class WarmStart:
+    """fp32 training's state after ``steps`` steps of a schedule ``steps + then`` long."""
+
+    steps: int
+    then: int  # the steps each method continues for
+    model: dict
+    optimizer: dict
+    schedule: dict
+    generator: torch.Tensor
+
+    def restore(self, model, optimizer, schedule, generator) -> None:
+        model.load_state_dict(self.model)
+        optimizer.load_state_dict(copy.deepcopy(self.optimizer))
+        schedule.load_state_dict(self.schedule)
+        generator.set_state(self.generator)
+
+
+def warm_start(task, *, steps: int, then: int, seed: int = 0, max_grad_norm: float | None = None) -> WarmStart:
+    """Train ``task`` in fp32 for ``steps`` of a ``steps + then`` schedule and keep its state."""
+    run = _Run(task, "fp32 (warm start)", gact_fx.backend(enabled=False), {"enabled": False}, seed, max_grad_norm,
+               schedule_steps=steps + then)
+    run.go(steps, eval_every=steps, progress=None)
+    return WarmStart(steps, then, copy.deepcopy(run.model.state_dict()), copy.deepcopy(run.optimizer.state_dict()),
+                     run.schedule.state_dict(), run.generator.get_state())
+
+
 def train(task, method: str, options: dict | Method, *, steps: int, eval_every: int, seed: int = 0,
-          progress=None, compiler: str = "auto", max_grad_norm: float | None = None) -> TrainResult:
+          progress=None, compiler: str = "auto", max_grad_norm: float | None = None,
+          warm: WarmStart | None = None) -> TrainResult:
     """``options``: gact options, or a ``bench.methods.Method`` (compiled with ``compiler``).
     ``max_grad_norm``: clip the gradients' total norm to it before each step (as the
-    transformers Trainer does by default, at 1.0); the recorded norms are the unclipped ones."""
+    transformers Trainer does by default, at 1.0); the recorded norms are the unclipped ones.
+    ``warm``: continue from that fp32 state (made with the same task, seed and clipping)
+    for its ``then`` steps, which must be ``steps``."""
+    if warm is not None and warm.then != steps:
+        raise ValueError(f"the warm start was made for {warm.then} more steps, not {steps}")
     if isinstance(options, Method):
         with options.patches():
             gact = dict(options.gact) if options.gact is not None else {"enabled": False}
-            return _train(task, method, options.backend(compiler), gact, steps, eval_every, seed, progress,
-                          max_grad_norm)
-    return _train(task, method, gact_fx.backend(**options), dict(options), steps, eval_every, seed, progress,
-                  max_grad_norm)
+            return _Run(task, method, options.backend(compiler), gact, seed, max_grad_norm, warm=warm).go(
+                steps, eval_every, progress)
+    return _Run(task, method, gact_fx.backend(**options), dict(options), seed, max_grad_norm, warm=warm).go(
+        steps, eval_every, progress)
 
 
-def _train(task, method, backend, options, steps, eval_every, seed, progress, max_grad_norm=None) -> TrainResult:
-    torch.manual_seed(seed)
-    gact_fx.manual_seed(seed)
-    model = task.model()
-    compiled = torch.compile(model, backend=backend)
-    optimizer = task.optimizer(model)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_scale(s, steps))
-    generator = torch.Generator().manual_seed(seed)
-    result = TrainResult(task.name, method, options, task.metric)
-    started = time.perf_counter()
-    for step in range(1, steps + 1):
-        inputs, target = task.batch(step, generator)
-        loss = task.loss(compiled(*inputs), target)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        result.grad_norms.append(_gradient_norm(model))
-        if max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-        optimizer.step()
-        schedule.step()
-        if not torch.isfinite(loss):
-            result.diverged = True
-            log.warning("%s / %s diverged at step %d", task.name, method, step)
-            break
-        if step % eval_every == 0 or step == steps:
-            result.losses.append((step, loss.item()))
-            result.curve.append((step, task.evaluate(compiled)))
-            if progress is not None:
-                progress(result)
-    result.seconds = time.perf_counter() - started
-    if options.get("enabled", True):  # without gact (fp32, torch's fp8 pass) the report says nothing
-        result.average_bits, result.activation_ratio = _bits_reached(backend.report())
-    return result
+class _Run:
+    """One training run: the model, optimizer, schedule and data order it owns, and its result.
+    Its steps count on from the warm start's; the schedule spans ``schedule_steps`` (by
+    default the warm start's and this run's steps together)."""
+
+    def __init__(self, task, method, backend, options, seed, max_grad_norm, *, warm: WarmStart | None = None,
+                 schedule_steps: int | None = None):
+        torch.manual_seed(seed)
+        gact_fx.manual_seed(seed)
+        self.task, self.method, self.backend, self.options = task, method, backend, options
+        self.max_grad_norm = max_grad_norm
+        self.warm = warm
+        self.schedule_steps = schedule_steps or (warm.steps + warm.then if warm else None)
+        self.model = task.model()
+        self.optimizer = task.optimizer(self.model)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.result = TrainResult(task.name, method, options, task.metric, warm_steps=warm.steps if warm else 0)
+
+    def go(self, steps: int, eval_every: int, progress) -> TrainResult:
+        task, model, optimizer, result = self.task, self.model, self.optimizer, self.result
+        first = self.result.warm_steps + 1
+        last = first + steps - 1
+        total = self.schedule_steps or last
+        self.schedule = schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_scale(s, total))
+        if self.warm is not None:
+            self.warm.restore(model, optimizer, schedule, self.generator)
+        compiled = torch.compile(model, backend=self.backend)
+        started = time.perf_counter()
+        for step in range(first, last + 1):
+            inputs, target = task.batch(step, self.generator)
+            loss = task.loss(compiled(*inputs), target)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            result.grad_norms.append(_gradient_norm(model))
+            if self.max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), self.max_grad_norm)
+            optimizer.step()
+            schedule.step()
+            if not torch.isfinite(loss):
+                result.diverged = True
+                log.warning("%s / %s diverged at step %d", task.name, self.method, step)
+                break
+            if step % eval_every == 0 or step == last:
+                result.losses.append((step, loss.item()))
+                result.curve.append((step, task.evaluate(compiled)))
+                if progress is not None:
+                    progress(result)
+        result.seconds = time.perf_counter() - started
+        if self.options.get("enabled", True):  # without gact (fp32, torch's fp8 pass) the report says nothing
+            result.average_bits, result.activation_ratio = _bits_reached(self.backend.report())
+        return result
 
 
 def _gradient_norm(model: torch.nn.Module) -> float:

@@ -13,10 +13,12 @@ def _run(method, final, ratio=None, norms=(1.0, 1.0), task="char-lm"):
             "activation_ratio": ratio, "diverged": False}
 
 
-def _file(seed, runs, clip=None):
+def _file(seed, runs, clip=None, warm=None):
     meta = {"seed": seed, "device": "CPU", "torch": "2.13", "date": "now", "command": "c"}
     if clip:
         meta["clip_grad_norm"] = clip
+    if warm:
+        meta["warm_steps"] = warm
     return {"meta": meta, "results": [_run("fp32", 2.0), *runs]}
 
 
@@ -34,10 +36,12 @@ def test_each_run_is_measured_against_the_fp32_run_of_its_own_file():
     files = [_file(0, [_run("3 bit", 2.02, 9.4, norms=(3.0, 1.0))]),
              _file(1, [_run("3 bit", 1.98, 9.4)]),
              _file(0, [_run("3 bit", 2.1, 9.4)], clip=1.0),
+             _file(0, [_run("3 bit", 2.04, 9.4)], warm=300),
              {"meta": {}, "results": [_run("3 bit", 5.0, 9.4)]}]  # no fp32 run: no point
     points = tradeoff.run_points(files, {"char-lm": False})
     assert [(p.task, p.seed, round(p.delta, 6), p.norm_ratio) for p in points] == [
-        ("char-lm", 0, 1.0, 3.0), ("char-lm", 1, -1.0, 1.0), ("char-lm, clipped at 1", 0, 5.0, 1.0)]
+        ("char-lm", 0, 1.0, 3.0), ("char-lm", 1, -1.0, 1.0), ("char-lm, clipped at 1", 0, 5.0, 1.0),
+        ("char-lm, after 300 fp32 steps", 0, 2.0, 1.0)]
 
 
 def test_accuracies_differ_in_points_and_count_as_within_when_at_most_one_point_lower():
