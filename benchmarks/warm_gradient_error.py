@@ -6,9 +6,13 @@ compressed ones per configuration: the mean relative error of one draw, and the 
 of their mean against the averaging floor (one draw's error / sqrt(draws); about 1 when
 the gradient is unbiased), and one draw's error per parameter tensor (the root mean
 square over tensors of each one's relative error: the noise an Adam-type optimiser's
-update carries, as it divides each gradient by its own scale). Adaptive levels first
-probe every tensor (two calls, not counted). CPU, eager path, 1 thread. Prints a
-Markdown table (and writes it to benchmarks/results/NAME.json with ``--name``).
+update carries, as it divides each gradient by its own scale). Against the minibatch's
+own noise (the variance of one batch's exact gradient about the mean over
+``--batches`` batches, at the same weights): the variance one draw adds, as a share of
+it, over the whole gradient and at the parameter tensor where the share is largest.
+Adaptive levels first probe every tensor (two calls, not counted). CPU, eager path, 1
+thread. Prints a Markdown table (and writes it to benchmarks/results/NAME.json with
+``--name``).
 
     python benchmarks/warm_gradient_error.py --task charlm-llama
     python benchmarks/warm_gradient_error.py --task charlm --configs "uniform 2" "L2.2"
@@ -61,6 +65,8 @@ def per_parameter_error(draw: torch.Tensor, exact: torch.Tensor, sizes: list[int
 
 
 def warm_model(task, steps: int):
+    """The model after ``steps`` fp32 steps, the batch it is measured on, and the data order
+    that continues after it."""
     torch.manual_seed(0)
     model = task.model()
     optimizer = task.optimizer(model)
@@ -70,7 +76,27 @@ def warm_model(task, steps: int):
         optimizer.zero_grad()
         task.loss(model(tokens), targets).backward()
         optimizer.step()
-    return model, task.batch(steps, generator)
+    return model, task.batch(steps, generator), generator
+
+
+def minibatch_variance(model, task, generator, count: int) -> torch.Tensor:
+    """Each gradient element's variance over ``count`` further batches (exact, fp32)."""
+    grads = []
+    for step in range(count):
+        (tokens,), targets = task.batch(step, generator)
+        model.zero_grad(set_to_none=True)
+        task.loss(model(tokens), targets).backward()
+        grads.append(flat_grad(model).clone())
+    grads = torch.stack(grads)
+    return ((grads - grads.mean(0)) ** 2).sum(0) / (count - 1)
+
+
+def variance_shares(grads: list[torch.Tensor], exact: torch.Tensor, noise: torch.Tensor, sizes: list[int]):
+    """The variance one draw adds about the exact gradient, as a share of the minibatch's:
+    over the whole gradient, and the largest over parameter tensors."""
+    added = ((torch.stack(grads) - exact) ** 2).mean(0)
+    per_tensor = [a.sum() / n.sum() for a, n in zip(added.split(sizes), noise.split(sizes)) if n.sum() > 0]
+    return float(added.sum() / noise.sum()), float(max(per_tensor))
 
 
 def draws(model, batch, loss, options: dict, count: int):
@@ -91,19 +117,23 @@ def main(argv=None) -> None:
                         help="each configuration at each of these group sizes (bytes held include the metadata)")
     parser.add_argument("--rotations", nargs="+", type=int, default=[0],
                         help="each configuration at each of these rotation blocks (0: none)")
+    parser.add_argument("--batches", type=int, default=16,
+                        help="the minibatch noise is the gradient's variance over this many batches")
     parser.add_argument("--name", help="also write the table to benchmarks/results/NAME.json (for BENCHMARKS.md)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     task = TASKS[args.task]()
     print(f"{args.task}: {args.warmup} fp32 steps ...", file=sys.stderr, flush=True)
-    model, batch = warm_model(task, args.warmup)
+    model, batch, generator = warm_model(task, args.warmup)
+    noise = minibatch_variance(model, task, generator, args.batches)
     (tokens,), targets = batch
     model.zero_grad(set_to_none=True)
     task.loss(model(tokens), targets).backward()
     exact = flat_grad(model)
     sizes = [p.numel() for p in model.parameters() if p.grad is not None]
     lines = ["| configuration | one draw's error | mean's error / averaging floor | one draw's error per parameter "
-             "tensor | activations vs fp32 |", "| --- | --- | --- | --- | --- |"]
+             "tensor | variance added / minibatch's | largest over tensors | activations vs fp32 |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     print("\n".join(lines), flush=True)
     runs = [(config, size, block) for config in args.configs for size in args.group_sizes for block in args.rotations]
     for config, group_size, block in runs:
@@ -115,9 +145,10 @@ def main(argv=None) -> None:
         single = sum(relative_error(g, exact) for g in grads) / len(grads)
         floor = single / len(grads) ** 0.5
         per_tensor = sum(per_parameter_error(g, exact, sizes) for g in grads) / len(grads)
+        share, largest = variance_shares(grads, exact, noise, sizes)
         ratio = report.activation_bytes_before / max(1, report.activation_bytes_after)
         lines.append(f"| {name} | {single:.3f} | {relative_error(torch.stack(grads).mean(0), exact) / floor:.2f} | "
-                     f"{per_tensor:.3f} | {ratio:.1f}x smaller |")
+                     f"{per_tensor:.3f} | {share:.3f} | {largest:.3f} | {ratio:.1f}x smaller |")
         print(lines[-1], flush=True)
     if args.name:
         print(f"wrote {save_table(args.name, chr(10).join(lines))}", file=sys.stderr)

@@ -1,0 +1,16 @@
+"""The warm screen's yardstick against the minibatch's own noise (benchmarks/warm_gradient_error.py)."""
+
+import pytest
+import torch
+
+from benchmarks.warm_gradient_error import variance_shares
+
+
+def test_variance_added_is_a_share_of_the_minibatch_variance_per_tensor_and_overall():
+    exact = torch.zeros(6)
+    noise = torch.tensor([1.0, 1.0, 1.0, 4.0, 4.0, 4.0])  # two tensors of three elements
+    # draws whose mean squared deviation is 0.25 an element on the first tensor, 4 on the second
+    draws = [torch.tensor([0.5, -0.5, 0.5, 2.0, -2.0, 2.0]), torch.tensor([-0.5, 0.5, -0.5, -2.0, 2.0, -2.0])]
+    share, largest = variance_shares(draws, exact, noise, [3, 3])
+    assert share == pytest.approx((3 * 0.25 + 3 * 4.0) / 15.0)
+    assert largest == pytest.approx(1.0)  # the second tensor: 4 against 4
