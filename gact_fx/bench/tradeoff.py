@@ -75,13 +75,14 @@ def section(points: list[RunPoint], higher_is_better: dict[str, bool], figure: s
     lines = ["## Loss against bytes held: every convergence run\n",
              "Every compressed run of the convergence sections above, against the fp32 run of its own file "
              "(same seed, same clipping), sorted by the bytes it holds. 'within 1%' counts the runs that ended "
-             "within 1% of fp32's loss (for accuracies: within 1 point). A method listed twice held different "
-             "bytes in different runs: the format under its name changed between them.\n", figure]
+             "within 1% of fp32's loss (for accuracies: within 1 point); 'mean' is over the runs. A method listed "
+             "twice held different bytes in different runs: the format under its name changed between them.\n",
+             figure]
     for task in sorted({p.task for p in points}):
         accuracy = higher_is_better.get(task.split(",")[0])
         unit = " pp" if accuracy else "%"
-        lines += [f"\n**{task}**\n", f"| method | activations vs fp32 | runs (seeds) | vs fp32, each run | within 1"
-                  f"{unit} | largest gradient norm / fp32's |", "| --- | --- | --- | --- | --- | --- |"]
+        lines += [f"\n**{task}**\n", f"| method | activations vs fp32 | runs (seeds) | vs fp32, each run | mean | within 1"
+                  f"{unit} | largest gradient norm / fp32's |", "| --- | --- | --- | --- | --- | --- | --- |"]
         rows = _rows([p for p in points if p.task == task])
         for (method, ratio), runs in sorted(rows.items(), key=lambda item: (item[0][1], item[0][0])):
             runs = sorted(runs, key=lambda p: p.seed)
@@ -91,8 +92,9 @@ def section(points: list[RunPoint], higher_is_better: dict[str, bool], figure: s
             norms = [p.norm_ratio for p in runs if p.norm_ratio is not None]
             largest = f"{max(norms):.1f}x" if norms else "-"
             seeds = ", ".join(str(p.seed) for p in runs)
-            lines.append(f"| {method} | {ratio:.1f}x smaller | {len(runs)} ({seeds}) | {deltas} | {good} of "
-                         f"{len(runs)} | {largest} |")
+            mean = statistics.fmean(p.delta for p in runs)
+            lines.append(f"| {method} | {ratio:.1f}x smaller | {len(runs)} ({seeds}) | {deltas} | {mean:+.2f}{unit} | "
+                         f"{good} of {len(runs)} | {largest} |")
     return "\n".join(lines) + "\n"
 
 

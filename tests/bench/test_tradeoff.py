@@ -53,8 +53,8 @@ def test_accuracies_differ_in_points_and_count_as_within_when_at_most_one_point_
     shortfalls = tradeoff.curves(points, {"digits-mlp": True})["digits-mlp"]["uniform"]
     assert [(r, round(m, 6)) for r, m, _, _ in shortfalls] == [(7.0, 1.0), (12.0, 1.5)]  # points less accuracy
     text = tradeoff.section(points, {"digits-mlp": True})
-    assert "| L1 (4 bit) | 7.0x smaller | 1 (0) | -1.00 pp | 1 of 1 |" in text
-    assert "| L1.2 (2 bit) | 12.0x smaller | 1 (0) | -1.50 pp | 0 of 1 |" in text
+    assert "| L1 (4 bit) | 7.0x smaller | 1 (0) | -1.00 pp | -1.00 pp | 1 of 1 |" in text
+    assert "| L1.2 (2 bit) | 12.0x smaller | 1 (0) | -1.50 pp | -1.50 pp | 0 of 1 |" in text
 
 
 def test_a_method_whose_bytes_changed_is_a_row_per_ratio_and_formats_are_curves_by_bytes():
@@ -64,7 +64,7 @@ def test_a_method_whose_bytes_changed_is_a_row_per_ratio_and_formats_are_curves_
     text = tradeoff.section(points, {"char-lm": False})
     rows = [line for line in text.splitlines() if line.startswith("| L1 (4 bit)") or line.startswith("| 3 bit")]
     assert rows[0].startswith("| L1 (4 bit) | 6.8x") and rows[1].startswith("| L1 (4 bit) | 7.7x")
-    assert "| 3 bit | 9.4x smaller | 2 (0, 1) | +2.00, +0.00% | 1 of 2 |" in text
+    assert "| 3 bit | 9.4x smaller | 2 (0, 1) | +2.00, +0.00% | +1.00% | 1 of 2 |" in text
     curve = tradeoff.curves(points, {"char-lm": False})["char-lm"]["uniform"]
     assert [(r, round(m, 6), round(lo, 6), round(hi, 6)) for r, m, lo, hi in curve] == [
         (6.8, 0.0, 0.0, 0.0), (7.7, 1.0, 1.0, 1.0), (9.4, 1.0, 0.0, 2.0), (12.0, 5.0, 5.0, 5.0)]
@@ -75,5 +75,5 @@ def test_the_report_has_the_section_when_convergence_files_exist(tmp_path):
     (tmp_path / "convergence_charlm.part.json").write_text(json.dumps(_file(0, [_run("L1", 9.0, 7.0)])))
     text = write_markdown(tmp_path, tmp_path / "B.md").read_text()
     section = text[text.index("## Loss against bytes held"):]
-    assert "| 3 bit | 9.4x smaller | 1 (0) | +1.00% | 1 of 1 |" in section
+    assert "| 3 bit | 9.4x smaller | 1 (0) | +1.00% | +1.00% | 1 of 1 |" in section
     assert "| L1 |" not in section  # a part file is not a run of its own
