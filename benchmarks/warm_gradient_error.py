@@ -91,12 +91,13 @@ def minibatch_variance(model, task, generator, count: int) -> torch.Tensor:
     return ((grads - grads.mean(0)) ** 2).sum(0) / (count - 1)
 
 
-def variance_shares(grads: list[torch.Tensor], exact: torch.Tensor, noise: torch.Tensor, sizes: list[int]):
+def variance_shares(grads: list[torch.Tensor], exact: torch.Tensor, noise: torch.Tensor, sizes: dict[str, int]):
     """The variance one draw adds about the exact gradient, as a share of the minibatch's:
-    over the whole gradient, and the largest over parameter tensors."""
+    over the whole gradient, and (share, name) of the parameter tensor where it is largest."""
     added = ((torch.stack(grads) - exact) ** 2).mean(0)
-    per_tensor = [a.sum() / n.sum() for a, n in zip(added.split(sizes), noise.split(sizes)) if n.sum() > 0]
-    return float(added.sum() / noise.sum()), float(max(per_tensor))
+    pieces = zip(sizes, added.split(list(sizes.values())), noise.split(list(sizes.values())))
+    largest = max((float(a.sum() / n.sum()), name) for name, a, n in pieces if n.sum() > 0)
+    return float(added.sum() / noise.sum()), largest
 
 
 def draws(model, batch, loss, options: dict, count: int):
@@ -130,7 +131,7 @@ def main(argv=None) -> None:
     model.zero_grad(set_to_none=True)
     task.loss(model(tokens), targets).backward()
     exact = flat_grad(model)
-    sizes = [p.numel() for p in model.parameters() if p.grad is not None]
+    sizes = {name: p.numel() for name, p in model.named_parameters() if p.grad is not None}
     lines = ["| configuration | one draw's error | mean's error / averaging floor | one draw's error per parameter "
              "tensor | variance added / minibatch's | largest over tensors | activations vs fp32 |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
@@ -144,11 +145,11 @@ def main(argv=None) -> None:
         grads, report = draws(model, batch, task.loss, options, args.draws)
         single = sum(relative_error(g, exact) for g in grads) / len(grads)
         floor = single / len(grads) ** 0.5
-        per_tensor = sum(per_parameter_error(g, exact, sizes) for g in grads) / len(grads)
-        share, largest = variance_shares(grads, exact, noise, sizes)
+        per_tensor = sum(per_parameter_error(g, exact, list(sizes.values())) for g in grads) / len(grads)
+        share, (largest, where) = variance_shares(grads, exact, noise, sizes)
         ratio = report.activation_bytes_before / max(1, report.activation_bytes_after)
         lines.append(f"| {name} | {single:.3f} | {relative_error(torch.stack(grads).mean(0), exact) / floor:.2f} | "
-                     f"{per_tensor:.3f} | {share:.3f} | {largest:.3f} | {ratio:.1f}x smaller |")
+                     f"{per_tensor:.3f} | {share:.3f} | {largest:.3f} (`{where}`) | {ratio:.1f}x smaller |")
         print(lines[-1], flush=True)
     if args.name:
         print(f"wrote {save_table(args.name, chr(10).join(lines))}", file=sys.stderr)

@@ -11,6 +11,6 @@ def test_variance_added_is_a_share_of_the_minibatch_variance_per_tensor_and_over
     noise = torch.tensor([1.0, 1.0, 1.0, 4.0, 4.0, 4.0])  # two tensors of three elements
     # draws whose mean squared deviation is 0.25 an element on the first tensor, 4 on the second
     draws = [torch.tensor([0.5, -0.5, 0.5, 2.0, -2.0, 2.0]), torch.tensor([-0.5, 0.5, -0.5, -2.0, 2.0, -2.0])]
-    share, largest = variance_shares(draws, exact, noise, [3, 3])
+    share, (largest, where) = variance_shares(draws, exact, noise, {"a": 3, "b": 3})
     assert share == pytest.approx((3 * 0.25 + 3 * 4.0) / 15.0)
-    assert largest == pytest.approx(1.0)  # the second tensor: 4 against 4
+    assert (largest, where) == (pytest.approx(1.0), "b")  # 4 against 4
