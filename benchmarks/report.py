@@ -91,6 +91,16 @@ TABLE_FILES = {
                                       "'uniform 3' 'uniform 2' 'uniform 3, attention floor 4' --group-sizes 128 256 "
                                       "--rotations 0 32 --name warm_gradient_error_bert`: the masked LM (ModernBERT over "
                                       "bytes) after 300 fp32 steps, in today's format (bfloat16 group words)."),
+    "warm_gradient_error_noise_bert.json": ("Gradient error against the minibatch's noise: the masked LM",
+                                            "`benchmarks/warm_gradient_error.py --task charlm-bert --configs ... --name "
+                                            "warm_gradient_error_noise_bert`: the masked LM after 300 fp32 steps. 'variance "
+                                            "added / minibatch's': the variance one compressed draw adds to the gradient, "
+                                            "over the variance of one batch's exact gradient about the mean of 16 batches at "
+                                            "the same weights; then the same at the parameter tensor where it is largest."),
+    "warm_gradient_error_noise_llama.json": ("Gradient error against the minibatch's noise: the Llama",
+                                             "As above, `--task charlm-llama`."),
+    "warm_gradient_error_noise_gpt.json": ("Gradient error against the minibatch's noise: the char GPT",
+                                           "As above, `--task charlm`."),
     "static_kernels.json": ("GPU kernels, static: instructions per element against the memory-speed budget",
                             "`python benchmarks/static_kernels.py`: every variant the CUDA path launches, compiled "
                             "for sm_90 and read back with cuobjdump on this CPU machine. A static model: the GPU "

@@ -42,6 +42,7 @@ CONFIGS = {
     "uniform 4": {"bits": 4},
     "uniform 3": {"bits": 3},
     "uniform 3, attention floor 4": {"bits": 3, "nonlinear_bits": 4},
+    "uniform 3, feature groups": {"bits": 3, "feature_groups": True},
     "uniform 2, attention floor 4": {"bits": 2, "nonlinear_bits": 4},
     "uniform 4, feature groups": {"bits": 4, "feature_groups": True},
     "uniform 2": {"bits": 2},

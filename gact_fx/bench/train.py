@@ -29,6 +29,7 @@ METHODS = {
     "L1 (4 bit)": {"level": "L1"},
     "L1.2 (2 bit)": {"level": "L1.2"},
     "3 bit": {"bits": 3},  # L1 and L1.2 at 3 bits (two bit planes)
+    "3 bit, feature groups": {"bits": 3, "feature_groups": True},
     "3 bit, attention floor 4": {"bits": 3, "nonlinear_bits": 4},
     "3 bit, rotation 32": {"bits": 3, "rotation": 32},
     "3 bit, attention floor 4, rotation 32": {"bits": 3, "nonlinear_bits": 4, "rotation": 32},
