@@ -101,6 +101,10 @@ TABLE_FILES = {
                                              "As above, `--task charlm-llama`."),
     "warm_gradient_error_noise_gpt.json": ("Gradient error against the minibatch's noise: the char GPT",
                                            "As above, `--task charlm`."),
+    "feature_groups_error.json": ("Gradient error: groups along features where the innermost dimension is not one",
+                                  "`benchmarks/feature_groups_error.py --name feature_groups_error`: one draw's "
+                                  "gradient error at init with `feature_groups` on and off, on the CNNs, the MLP and "
+                                  "the ViT."),
     "static_kernels.json": ("GPU kernels, static: instructions per element against the memory-speed budget",
                             "`python benchmarks/static_kernels.py`: every variant the CUDA path launches, compiled "
                             "for sm_90 and read back with cuobjdump on this CPU machine. A static model: the GPU "

@@ -38,14 +38,15 @@ from benchmarks._results import save_table  # noqa: E402
 from tests.helpers import flat_grad, loss_draws, relative_error  # noqa: E402
 
 _PROBE_ALL = {"probe_tensors": 10_000, "adapt_interval": 10**6}  # every tensor measured once, then frozen
+# "uniform N" is contiguous groups, as the tables before feature groups became the default
 CONFIGS = {
-    "uniform 4": {"bits": 4},
-    "uniform 3": {"bits": 3},
-    "uniform 3, attention floor 4": {"bits": 3, "nonlinear_bits": 4},
+    "uniform 4": {"bits": 4, "feature_groups": False},
+    "uniform 3": {"bits": 3, "feature_groups": False},
+    "uniform 3, attention floor 4": {"bits": 3, "nonlinear_bits": 4, "feature_groups": False},
     "uniform 3, feature groups": {"bits": 3, "feature_groups": True},
-    "uniform 2, attention floor 4": {"bits": 2, "nonlinear_bits": 4},
+    "uniform 2, attention floor 4": {"bits": 2, "nonlinear_bits": 4, "feature_groups": False},
     "uniform 4, feature groups": {"bits": 4, "feature_groups": True},
-    "uniform 2": {"bits": 2},
+    "uniform 2": {"bits": 2, "feature_groups": False},
     "uniform 2, feature groups": {"bits": 2, "feature_groups": True},
     "L2.1": {"level": "L2.1", **_PROBE_ALL},
     "L2.1, feature groups, relative metric": {"level": "L2.1", "feature_groups": True, "gradient_metric": "relative",

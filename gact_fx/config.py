@@ -45,12 +45,13 @@ class CoreConfig:
     group_size: int = 256
     """Elements sharing one fp32 min and scale: a multiple of 16 from 16 to 4096."""
 
-    feature_groups: bool = False
+    feature_groups: bool = True
     """Form each group from ``group_size`` tokens of one feature (the tensor's innermost
     dimension) instead of ``group_size`` contiguous elements, so that a feature with a
-    wide range does not set the scale of its neighbours; the backward gets the tensor
-    back in its own layout (one copy more). The adaptive levels turn it on
-    (``ADAPTIVE_LEVEL_DEFAULTS``)."""
+    wide range (the outlier features of a gated MLP's product) does not set the scale of
+    its neighbours; the backward gets the tensor back in its own layout. ``False``:
+    contiguous elements, which suit channels-first convolutions, whose innermost
+    dimension is not a feature (docs/accuracy.md)."""
 
     rotation: int = 0
     """0 (off), or 16, 32, 64, 128 or 256: rotate each block of that many elements along a
@@ -290,13 +291,13 @@ class GactConfig:
     def updated(self, options: Mapping[str, Any]) -> GactConfig:
         """This config with ``options`` (as ``from_options`` takes them) on top.
 
-        A ``level`` replaces all the options a level sets, its defaults included; ``bits``
+        A ``level`` replaces all the options a level sets; ``bits``
         on an adaptive config makes it uniform.
         """
         given = GactConfig.from_options(options).as_dict()  # validates names, values and clashes
         names = set(options) - {"level"}
         if "level" in options:
-            names |= LEVEL_FIELDS | set(ADAPTIVE_LEVEL_DEFAULTS)
+            names |= LEVEL_FIELDS
         if "bits" in options:
             names.add("avg_bits")
         return self.replace(**{name: given[name] for name in names})
@@ -315,15 +316,11 @@ class Level:
     summary: str
 
     def __call__(self, **options: Any) -> GactConfig:
-        """The config of this level, with ``options`` (flat names) for everything it does not set.
-
-        The adaptive levels also default ``ADAPTIVE_LEVEL_DEFAULTS``, which ``options`` override.
-        """
+        """The config of this level, with ``options`` (flat names) for everything it does not set."""
         clash = sorted(LEVEL_FIELDS & set(options))
         if clash:
             raise ValueError(f"level={self.name!r} means {dict(self.sets)}; do not also pass {clash}")
-        defaults = ADAPTIVE_LEVEL_DEFAULTS if self.sets.get("avg_bits") is not None else {}
-        return GactConfig.from_options({**defaults, **options, **self.sets})
+        return GactConfig.from_options({**options, **self.sets})
 
 
 # GACT's names. L0: off; L1.x: uniform bits; L2.x: adaptive at an average number of bits.
@@ -338,10 +335,6 @@ LEVELS = {level.name: level for level in (
     Level("L3", {"avg_bits": 4.0, "offload": True}, "L2, with the compressed blobs kept in CPU memory"),
 )}
 LEVEL_FIELDS = frozenset({"enabled", "bits", "avg_bits", "offload"})
-# What the adaptive levels also choose unless the caller passes it: groups along each
-# feature's tokens, which ended closer to fp32 at L2.2 on every seed of both character
-# LMs (docs/accuracy.md). ``avg_bits`` given directly keeps the plain defaults.
-ADAPTIVE_LEVEL_DEFAULTS = {"feature_groups": True}
 
 
 def _section_options(section: str, flat: Mapping[str, Any]) -> dict[str, Any]:

@@ -40,7 +40,7 @@ class HookCompressor:
 
     def __init__(
         self, model: torch.nn.Module, *, registry: SlotRegistry, bits: int, group_size: int, min_numel: int,
-        feature_groups: bool = False, rotation: int = 0,
+        feature_groups: bool = True, rotation: int = 0,
     ) -> None:
         self.bits, self.group_size, self.min_numel = bits, group_size, min_numel
         self.feature_groups = feature_groups

@@ -97,7 +97,7 @@ def test_convolutional_intermediates_go_channels_last_under_inductor_and_stay_ex
     # 4-D intermediates in that order and decodes them into it (graph inputs keep theirs).
     model, inputs = model_case("conv")
     (expected,), _ = compiled_grads(model, inputs, baseline_backend("inductor"))
-    backend = gact_backend(32, compiler="inductor")
+    backend = gact_fx.backend(bits=32, compiler="inductor", feature_groups=False)  # groups in the layout's own order
     (got,), _ = compiled_grads(model, inputs, backend)
     forward = backend.records[0].code_after[0]
     assert "quantize.default(primals_3, 32, 256, [0, 1, 2, 3]" in forward  # the image: a graph input

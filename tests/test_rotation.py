@@ -49,7 +49,7 @@ def test_rotated_8_bit_gradients_match_fp32_at_the_same_bytes():
     assert {c.rotation for c in floats} == {0, 32}  # the block's 64-wide tensors rotate, its 16-wide heads do not
     assert all(c.rotation == 0 for c in rotated.records[0].compressions if not c.is_float)
     rows = {row.label: row.groups for row in rotated.report().rows if row.stored == "compressed"}
-    assert rows["gelu"] == "contiguous, Hadamard 32" and rows["qkv:linear[0]"] == "contiguous"  # what the viewer shows
+    assert rows["gelu"] == "feature, Hadamard 32" and rows["qkv:linear[0]"] == "feature"  # what the viewer shows
     by_label = {c.label: c.rotation for c in floats}
     assert by_label["gelu"] == 32 and by_label["proj:linear"] == 32 and by_label["qkv:linear[0]"] == 0
 

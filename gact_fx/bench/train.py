@@ -23,21 +23,23 @@ from .tasks import lr_scale
 
 log = logging.getLogger("gact_fx.bench")
 
+# The uniform methods name the groups they ran with before feature groups became the
+# default (contiguous), so that a method keeps one meaning across result files.
 METHODS = {
     "fp32": {"enabled": False},
-    "L1.1 (8 bit)": {"level": "L1.1"},
-    "L1 (4 bit)": {"level": "L1"},
-    "L1.2 (2 bit)": {"level": "L1.2"},
-    "3 bit": {"bits": 3},  # L1 and L1.2 at 3 bits (two bit planes)
+    "L1.1 (8 bit)": {"level": "L1.1", "feature_groups": False},
+    "L1 (4 bit)": {"level": "L1", "feature_groups": False},
+    "L1.2 (2 bit)": {"level": "L1.2", "feature_groups": False},
+    "3 bit": {"bits": 3, "feature_groups": False},  # L1 and L1.2 at 3 bits (two bit planes)
     "3 bit, feature groups": {"bits": 3, "feature_groups": True},
-    "3 bit, attention floor 4": {"bits": 3, "nonlinear_bits": 4},
-    "3 bit, rotation 32": {"bits": 3, "rotation": 32},
-    "3 bit, attention floor 4, rotation 32": {"bits": 3, "nonlinear_bits": 4, "rotation": 32},
-    "L1.2, rotation 32": {"level": "L1.2", "rotation": 32},
-    "3 bit, rotation 32, groups of 128": {"bits": 3, "rotation": 32, "group_size": 128},
-    "L1.2, rotation 32, groups of 128": {"level": "L1.2", "rotation": 32, "group_size": 128},
-    "L1.2, groups of 128": {"level": "L1.2", "group_size": 128},
-    "L1.2, attention floor 4": {"level": "L1.2", "nonlinear_bits": 4},
+    "3 bit, attention floor 4": {"bits": 3, "nonlinear_bits": 4, "feature_groups": False},
+    "3 bit, rotation 32": {"bits": 3, "rotation": 32, "feature_groups": False},
+    "3 bit, attention floor 4, rotation 32": {"bits": 3, "nonlinear_bits": 4, "rotation": 32, "feature_groups": False},
+    "L1.2, rotation 32": {"level": "L1.2", "rotation": 32, "feature_groups": False},
+    "3 bit, rotation 32, groups of 128": {"bits": 3, "rotation": 32, "group_size": 128, "feature_groups": False},
+    "L1.2, rotation 32, groups of 128": {"level": "L1.2", "rotation": 32, "group_size": 128, "feature_groups": False},
+    "L1.2, groups of 128": {"level": "L1.2", "group_size": 128, "feature_groups": False},
+    "L1.2, attention floor 4": {"level": "L1.2", "nonlinear_bits": 4, "feature_groups": False},
     "L2 (adaptive 4)": {"level": "L2"},
     "L2.1 (adaptive 3)": {"level": "L2.1"},
     "L2.2 (adaptive 2)": {"level": "L2.2"},
