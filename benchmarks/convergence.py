@@ -3,7 +3,7 @@
     python benchmarks/convergence.py --task mnist1d --steps 2000
     python benchmarks/convergence.py --task charlm --steps 1000 --methods fp32 "L1.2 (2 bit)" "L2.2 (adaptive 2)"
     python benchmarks/convergence.py --task charlm-llama --steps 1000 --clip-grad-norm 1.0   # as the transformers Trainer
-    python benchmarks/convergence.py --task charlm-bert --warm-steps 300 --steps 600   # continued from fp32's step 300
+    python benchmarks/convergence.py --task charlm-bert --warm-steps 300 --steps 700   # continued from fp32's step 300
 
 Methods can run in separate processes (``--part NAME`` writes ``convergence_<task>.NAME.json``)
 and be merged (``--merge``; ``--append`` adds them to the results already there), so that two
