@@ -81,15 +81,17 @@ def warm_model(task, steps: int):
     return model, task.batch(steps, generator), generator
 
 
+def batch_gradient(model, task, batch) -> torch.Tensor:
+    """The exact (fp32, uncompiled) flat gradient of one batch's loss."""
+    (tokens,), targets = batch
+    model.zero_grad(set_to_none=True)
+    task.loss(model(tokens), targets).backward()
+    return flat_grad(model)
+
+
 def minibatch_variance(model, task, generator, count: int) -> torch.Tensor:
     """Each gradient element's variance over ``count`` further batches (exact, fp32)."""
-    grads = []
-    for step in range(count):
-        (tokens,), targets = task.batch(step, generator)
-        model.zero_grad(set_to_none=True)
-        task.loss(model(tokens), targets).backward()
-        grads.append(flat_grad(model).clone())
-    grads = torch.stack(grads)
+    grads = torch.stack([batch_gradient(model, task, task.batch(step, generator)) for step in range(count)])
     return ((grads - grads.mean(0)) ** 2).sum(0) / (count - 1)
 
 
@@ -129,10 +131,7 @@ def main(argv=None) -> None:
     print(f"{args.task}: {args.warmup} fp32 steps ...", file=sys.stderr, flush=True)
     model, batch, generator = warm_model(task, args.warmup)
     noise = minibatch_variance(model, task, generator, args.batches)
-    (tokens,), targets = batch
-    model.zero_grad(set_to_none=True)
-    task.loss(model(tokens), targets).backward()
-    exact = flat_grad(model)
+    exact = batch_gradient(model, task, batch)
     sizes = {name: p.numel() for name, p in model.named_parameters() if p.grad is not None}
     lines = ["| configuration | one draw's error | mean's error / averaging floor | one draw's error per parameter "
              "tensor | variance added / minibatch's | largest over tensors | activations vs fp32 |",

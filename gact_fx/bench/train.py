@@ -118,41 +118,38 @@ def train(task, method: str, options: dict | Method, *, steps: int, eval_every: 
     for its ``then`` steps, which must be ``steps``."""
     if warm is not None and warm.then != steps:
         raise ValueError(f"the warm start was made for {warm.then} more steps, not {steps}")
+    schedule_steps = warm.steps + steps if warm is not None else steps
     if isinstance(options, Method):
         with options.patches():
             gact = dict(options.gact) if options.gact is not None else {"enabled": False}
-            return _Run(task, method, options.backend(compiler), gact, seed, max_grad_norm, warm=warm).go(
-                steps, eval_every, progress)
-    return _Run(task, method, gact_fx.backend(**options), dict(options), seed, max_grad_norm, warm=warm).go(
-        steps, eval_every, progress)
+            return _Run(task, method, options.backend(compiler), gact, seed, max_grad_norm, schedule_steps=schedule_steps,
+                        warm=warm).go(steps, eval_every, progress)
+    return _Run(task, method, gact_fx.backend(**options), dict(options), seed, max_grad_norm,
+                schedule_steps=schedule_steps, warm=warm).go(steps, eval_every, progress)
 
 
 class _Run:
-    """One training run: the model, optimizer, schedule and data order it owns, and its result.
-    Its steps count on from the warm start's; the schedule spans ``schedule_steps`` (by
-    default the warm start's and this run's steps together)."""
+    """One training run: the model, optimizer, schedule (``schedule_steps`` long) and data
+    order it owns, and its result. From a warm start, its steps count on from the start's."""
 
-    def __init__(self, task, method, backend, options, seed, max_grad_norm, *, warm: WarmStart | None = None,
-                 schedule_steps: int | None = None):
+    def __init__(self, task, method, backend, options, seed, max_grad_norm, *, schedule_steps: int,
+                 warm: WarmStart | None = None):
         torch.manual_seed(seed)
         gact_fx.manual_seed(seed)
         self.task, self.method, self.backend, self.options = task, method, backend, options
         self.max_grad_norm = max_grad_norm
-        self.warm = warm
-        self.schedule_steps = schedule_steps or (warm.steps + warm.then if warm else None)
         self.model = task.model()
         self.optimizer = task.optimizer(self.model)
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_scale(s, schedule_steps))
         self.generator = torch.Generator().manual_seed(seed)
+        if warm is not None:
+            warm.restore(self.model, self.optimizer, self.schedule, self.generator)
         self.result = TrainResult(task.name, method, options, task.metric, warm_steps=warm.steps if warm else 0)
 
     def go(self, steps: int, eval_every: int, progress) -> TrainResult:
-        task, model, optimizer, result = self.task, self.model, self.optimizer, self.result
-        first = self.result.warm_steps + 1
+        task, model, optimizer, schedule, result = self.task, self.model, self.optimizer, self.schedule, self.result
+        first = result.warm_steps + 1
         last = first + steps - 1
-        total = self.schedule_steps or last
-        self.schedule = schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_scale(s, total))
-        if self.warm is not None:
-            self.warm.restore(model, optimizer, schedule, self.generator)
         compiled = torch.compile(model, backend=self.backend)
         started = time.perf_counter()
         for step in range(first, last + 1):
