@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ._compat import version_counter
-from .measure import note_saved
+from .measure import note_saved, saved_as_is
 from .passes.plan import encoding_order, layout_of
 from .report import HookStep
 from .runtime import ops as _ops  # noqa: F401  (registers torch.ops.gact)
@@ -61,7 +61,7 @@ class HookCompressor:
         if self._keep(tensor, parameters):
             note_saved(tensor)
             self.last_step.kept += 1
-            return tensor
+            return saved_as_is(tensor)
         # The same tensor saved by two ops (tanh's output for tanh and for the next
         # matmul) is packed once; the version counter tells an in-place change apart.
         # An entry lives only as long as its tensor, so a later tensor that reuses the

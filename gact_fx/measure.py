@@ -31,6 +31,14 @@ def note_saved(tensor: torch.Tensor) -> None:
         meter._pack(tensor)
 
 
+def saved_as_is(tensor: torch.Tensor) -> torch.Tensor:
+    """What a pack hook hands autograd to keep ``tensor`` as it is. Not ``tensor`` itself: a
+    saved output holds its own autograd node, a cycle through C++ that Python's collector
+    never frees, and with it the whole graph and the weights. The backward needs only the
+    values, which the detached view shares."""
+    return tensor.detach()
+
+
 class SavedBytesMeter:
     """``with SavedBytesMeter(exclude=model.parameters()) as meter: loss = model(x)``.
 
@@ -57,7 +65,7 @@ class SavedBytesMeter:
             with torch.no_grad():
                 is_copy = any(torch.equal(tensor, weight) for weight in copies)
             (self._weight_copies if is_copy else self._storages)[pointer] = storage.nbytes()
-        return tensor
+        return saved_as_is(tensor)
 
     def __enter__(self) -> SavedBytesMeter:
         self._hooks.__enter__()
