@@ -1,4 +1,4 @@
-"""``gact-fx bench --gpu-suite --out DIR``: every GPU measurement in one command, in 6 minutes.
+"""``gact-fx bench --gpu-suite --out DIR``: every GPU measurement in one command, in under 7 minutes.
 
 Made for the GPU machine this project is sometimes lent for a few minutes (an H100 or H200
 with torch 2.11 + CUDA, Triton, torchvision and transformers, no network), with the
@@ -7,8 +7,9 @@ each a process of its own with a hard time limit (``BUDGET``); at its limit a pa
 interrupted (SIGINT, so pytest still writes its report), then killed. Each part writes
 its results as it goes, so a part that fails or runs out of time costs only itself:
 
-1. tests: the GPU tests (``pytest -m gpu`` on the ``tests/`` of the checkout it is run from);
-2. kernels: quantize and dequantize GB/s per width and dtype, against a device copy;
+1. tests: the GPU tests (``pytest -m gpu`` on ``tests/test_gpu.py`` of the checkout it is run from);
+2. kernels: quantize and dequantize GB/s per width and dtype, against a device copy, eager
+   and replayed in a CUDA graph, then a sweep of the kernels' block sizes;
 3. models: step time, peak memory, activation bytes and predicted max batch of a 0.4B
    Llama-like transformer and ResNet-50 under bf16 autocast: torch.compile against
    gact at 4 and 2 bits and at L2.2 (``bench.gpu_workloads``).
@@ -37,10 +38,14 @@ import torch
 log = logging.getLogger("gact_fx.bench")
 
 PARTS = ("tests", "kernels", "models")
-BUDGET = {"tests": 110.0, "kernels": 50.0, "models": 190.0}  # seconds: 350 in all, under 6 minutes
+BUDGET = {"tests": 110.0, "kernels": 80.0, "models": 190.0}  # seconds: 380 in all, under 7 minutes with start-up
 INTERRUPT_GRACE = 15.0  # seconds a part has after SIGINT to write what it has
-METHODS = ("torch.compile", "gact 2 bit", "gact 4 bit", "gact L2.2 (adaptive 2)")  # in order of importance
+METHODS = ("torch.compile", "gact 4 bit", "gact 2 bit", "gact L2.2 (adaptive 2)")  # in order of importance
 GPU_TESTS = ["-m", "gpu"]
+GPU_TEST_FILE = "test_gpu.py"  # collecting the whole suite would import every integration first
+# The kernels part's sweep of block sizes (elements a program: 16-bit inputs / the others), after
+# the kernels' own: fewer elements a program take fewer registers, so more programs share an SM.
+PROGRAM_SWEEP = ((8192, 4096), (4096, 2048))
 
 
 class NoGpu(SystemExit):
@@ -111,7 +116,7 @@ def run_tests(out: pathlib.Path, seconds: float, selection: list[str] | None = N
         tests = tests_directory()
         if tests is None:
             return {"status": "not run: no tests/ in the working directory (run the suite from a checkout)"}
-        selection = [*GPU_TESTS, str(tests)]
+        selection = [*GPU_TESTS, str(tests / GPU_TEST_FILE)]
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *selection]
     log.info("gpu suite: %s", " ".join(command))
     ran = run_limited(command, seconds)
@@ -166,20 +171,29 @@ def run_part(part: str, out: pathlib.Path, seconds: float, *, device: str, scale
 
 
 def _kernels_part(out: pathlib.Path, deadline: float, device: str, scale: str) -> None:
+    """The kernels' own block sizes at every width (bf16 and fp32 first), then the sweep of
+    ``PROGRAM_SWEEP`` at 4 and 2 bits, then fp16: the most telling rows first."""
     from .kernels import kernel_table
 
     full = scale == "full"
     numel, repeats = (1 << 26, 20) if full else (1 << 12, 2)
-    dtypes = (torch.bfloat16, torch.float32, torch.float16) if full else (torch.float32, torch.bfloat16)
+    first = (torch.bfloat16, torch.float32) if full else (torch.float32,)
+    tables = [dict(dtypes=first, widths=(2, 4, 8, 3, 1))]
+    tables += [dict(dtypes=first, widths=(4, 2) if full else (2,), program=program)
+               for program in (PROGRAM_SWEEP if full else PROGRAM_SWEEP[-1:])]
+    tables.append(dict(dtypes=(torch.float16,) if full else (torch.bfloat16,), widths=(2, 4, 8, 3, 1)))
     result = {"numel": numel, "repeats": repeats, "rows": []}
 
     def progress(row: dict) -> None:
         result["rows"].append(row)
         _write_json(out / "part_kernels.json", result)
 
-    kernel_table(device, numel, repeats, dtypes=dtypes, widths=(1, 2, 3, 4, 8), lowerings=("op",), progress=progress,
-                 stop=lambda: time.monotonic() > deadline)
-    result["complete"] = True
+    for table in tables:
+        if time.monotonic() > deadline:
+            break
+        kernel_table(device, numel, repeats, lowerings=("op",), progress=progress,
+                     stop=lambda: time.monotonic() > deadline, **table)
+    result["complete"] = time.monotonic() <= deadline
     _write_json(out / "part_kernels.json", result)
 
 
@@ -192,15 +206,16 @@ def _models_part(out: pathlib.Path, deadline: float, device: str, scale: str, co
     chosen = [ALL[name] for name in METHODS]
     rows: list[Row] = []
     result = {"rows": []}
-    plan = [(workload, method) for workload in workloads(device, scale) for method in chosen]
-    built: dict[str, object] = {}
+    # Each method on every model before the next method: the comparisons that matter most
+    # (torch.compile against the default) are measured first on both models.
+    plan = [(workload, method) for method in chosen for workload in workloads(device, scale)]
+    built: dict[str, object] = {}  # each model's weights, on the CPU: a run copies them to the device
     for index, (workload, method) in enumerate(plan):
         left = deadline - time.monotonic()
         if left <= 5:
             rows.append(Row(workload.name, method.name, workload.default_batch, error="not run: the part's time ran out"))
         else:
             if workload.name not in built:
-                built.clear()  # one model in memory at a time
                 try:
                     torch.manual_seed(0)
                     built[workload.name] = workload.build()
@@ -286,23 +301,31 @@ def _number(value, digits: int = 1) -> str:
 
 def kernels_markdown(kernels: dict) -> list[str]:
     rows = kernels.get("rows", [])
-    copies = {r["dtype"]: r["gbps"] for r in rows if r["bits"] == "copy"}
+    copies = {r["dtype"]: r["gbps"] for r in rows if r["bits"] == "copy" and r.get("program") is None}
     cells: dict[tuple, dict] = {}
     for r in rows:
         if r["bits"] != "copy":
-            cells.setdefault((r["dtype"], r["bits"]), {})[r["op"]] = r
+            cells.setdefault((r["dtype"], r["bits"], r.get("program")), {})[r["op"]] = r
     lines = [f"{kernels.get('numel')} elements, median of {kernels.get('repeats')}; GB/s counts the bytes each must "
-             f"move; %: of a device copy of the same tensor. Part {kernels.get('ended', '?')} "
-             f"({kernels.get('seconds', '?')} s).\n",
-             "| dtype | bits | quantize GB/s | % | dequantize GB/s | % | feature groups: quantize | dequantize |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for (dtype, bits), ops in cells.items():
+             f"move; %: of a device copy of the same tensor (measured with the row); graph %: the same op replayed "
+             f"in a CUDA graph, the kernels' time without the Python and launch time of an eager call. Elements a "
+             f"program: the kernels' own (\"own\"), or the sweep's (16-bit inputs / the others). Part "
+             f"{kernels.get('ended', '?')} ({kernels.get('seconds', '?')} s).\n",
+             "| dtype | bits | elements a program | quantize GB/s | % | graph % | dequantize GB/s | % | graph % "
+             "| feature groups: quantize % | graph % | dequantize % | graph % |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for (dtype, bits, program), ops in cells.items():
         def cell(op):
             row = ops.get(op)
-            return ("-", "-") if row is None else (_number(row["gbps"], 0), f"{_number(100 * row['of_copy'], 0)}%")
+            if row is None:
+                return "-", "-", "-"
+            graph = row.get("graph_of_copy")
+            return (_number(row["gbps"], 0), f"{_number(100 * row['of_copy'], 0)}%",
+                    "-" if graph is None else f"{_number(100 * graph, 0)}%")
         q, dq = cell("quantize"), cell("dequantize")
         fq, fdq = cell("quantize, feature groups"), cell("dequantize, feature groups")
-        lines.append(f"| {dtype} | {bits} | {q[0]} | {q[1]} | {dq[0]} | {dq[1]} | {fq[1]} | {fdq[1]} |")
+        lines.append(f"| {dtype} | {bits} | {program or 'own'} | {q[0]} | {q[1]} | {q[2]} | {dq[0]} | {dq[1]} | {dq[2]} "
+                     f"| {fq[1]} | {fq[2]} | {fdq[1]} | {fdq[2]} |")
     lines.append("Device copy: " + ", ".join(f"{dtype} {gbps:.0f} GB/s" for dtype, gbps in copies.items()))
     return lines
 

@@ -52,7 +52,8 @@ def training_loss(output) -> torch.Tensor:
 
 
 def workloads(device: str, scale: str) -> list[GpuWorkload]:
-    """The Llama-like transformer and ResNet-50 (``scale="tiny"``: the same code, small)."""
+    """The Llama-like transformer and ResNet-50 (``scale="tiny"``: the same code, small),
+    built on the CPU: each run copies one to ``device``, so a step's peak holds one model."""
     tiny = scale == "tiny"
     generator = torch.Generator().manual_seed(0)
 
@@ -65,13 +66,12 @@ def workloads(device: str, scale: str) -> list[GpuWorkload]:
             num_attention_heads=4 if tiny else 16, num_key_value_heads=2 if tiny else 8,
             max_position_embeddings=2048, use_cache=False,
         )
-        return transformers.LlamaModel(config).to(device)
+        return transformers.LlamaModel(config)
 
     def resnet():
         import torchvision
 
-        model = torchvision.models.resnet18(num_classes=10) if tiny else torchvision.models.resnet50()
-        return model.to(device)
+        return torchvision.models.resnet18(num_classes=10) if tiny else torchvision.models.resnet50()
 
     sequence, image = (64, 32) if tiny else (1024, 224)
     vocab = 128 if tiny else 32000
@@ -94,6 +94,7 @@ class Row:
     activation_mib: float | None = None  # held for the backward, growing with the batch
     predicted_max_batch: int | None = None  # linear in the batch, from the step peaks at two batches
     error: str | None = None
+    seconds: float | None = None  # the whole measurement's, compiles included: what the suite's budget pays
 
 
 def short_error(error: BaseException) -> str:
@@ -110,7 +111,7 @@ class _Runner:
 
     def __init__(self, workload: GpuWorkload, method: Method, base: nn.Module, device: str, compiler: str) -> None:
         self.workload, self.device = workload, device
-        self.model = copy.deepcopy(base).train()
+        self.model = copy.deepcopy(base).to(device).train()
         self.backend = method.backend(compiler)
         for region in workload.regions(self.model):  # dynamic: the batch doubles for the memory rows
             region.compile(backend=self.backend, dynamic=True)
@@ -170,6 +171,7 @@ def measure(workload: GpuWorkload, method: Method, base: nn.Module, *, device: s
             deadline: float) -> Row:
     batch = workload.default_batch
     row = Row(workload.name, method.name, batch)
+    started = time.monotonic()
     try:
         with method.patches():
             runner = _Runner(workload, method, base, device, compiler)
@@ -188,4 +190,5 @@ def measure(workload: GpuWorkload, method: Method, base: nn.Module, *, device: s
         gc.collect()
         if device == "cuda":
             torch.cuda.empty_cache()
+        row.seconds = round(time.monotonic() - started, 1)
     return row

@@ -8,7 +8,9 @@ of a copy into a new tensor and a copy into a buffer allocated once, each timed 
 after the dtype's codec rows (its faster time counts: on the CPU a copy's speed drifted by up
 to a third between runs, and a slow one would flatter every share). The "feature
 groups" rows encode a [tokens, 1024] tensor in groups of one feature's tokens and decode
-it back to its own layout (on the CPU without a transposed copy).
+it back to its own layout (on the CPU without a transposed copy). On a GPU each op is also
+timed as a CUDA-graph replay (``graph_gbps``): the kernels' own time, without the Python
+and launch time of an eager call.
 """
 
 from __future__ import annotations
@@ -27,6 +29,25 @@ from ..runtime.registry import SlotRegistry
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 WIDTHS = (1, 2, 3, 4, 8)
 FEATURES = 1024  # the feature-groups rows' innermost dimension: a power of two, the worst row stride for caches
+
+
+def graph_seconds(fn: Callable[[], object], repeats: int, warmup: int = 3) -> float | None:
+    """Median seconds of a CUDA-graph replay of ``fn()``: the device's work alone, without the
+    Python and launch time around it (``None`` if ``fn`` cannot be captured)."""
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(warmup):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+    except Exception:  # a capture that fails leaves the eager time alone standing
+        torch.cuda.synchronize()
+        return None
+    return median_seconds(graph.replay, "cuda", repeats, warmup)
 
 
 def median_seconds(fn: Callable[[], object], device: str, repeats: int, warmup: int = 3) -> float:
@@ -51,9 +72,20 @@ def median_seconds(fn: Callable[[], object], device: str, repeats: int, warmup: 
 
 def kernel_table(device: str, numel: int, repeats: int, *, dtypes=DTYPES, widths=WIDTHS,
                  lowerings=("op", "aten"), progress: Callable[[dict], None] = lambda row: None,
-                 stop: Callable[[], bool] = lambda: False) -> list[dict]:
+                 stop: Callable[[], bool] = lambda: False, program: tuple[int, int] | None = None) -> list[dict]:
     """One row per (dtype, width, lowering, op), and one copy row per dtype; ``stop()``
-    ends the table early (what it measured so far is returned)."""
+    ends the table early (what it measured so far is returned). ``program``: the Triton
+    kernels' elements a program (16-bit inputs, the others) instead of their own, recorded
+    in each row (``"program"``: ``"16384/8192"``; ``None`` for the kernels' own)."""
+    if program is None:
+        return _kernel_table(device, numel, repeats, dtypes, widths, lowerings, progress, stop, None)
+    from ..runtime.triton_kernels import elements_per_program
+
+    with elements_per_program(*program):
+        return _kernel_table(device, numel, repeats, dtypes, widths, lowerings, progress, stop, "/".join(map(str, program)))
+
+
+def _kernel_table(device, numel, repeats, dtypes, widths, lowerings, progress, stop, program) -> list[dict]:
     registry = SlotRegistry()
     site = registry.new_site()
     rows = []
@@ -70,7 +102,8 @@ def kernel_table(device: str, numel: int, repeats: int, *, dtypes=DTYPES, widths
         copy_gbps = max(speeds.values())
         first_row = len(rows)
         for name, gbps in speeds.items():
-            rows.append(dict(dtype=str(dtype)[6:], bits="copy", lowering="-", op=name, gbps=gbps, of_copy=gbps / copy_gbps))
+            rows.append(dict(dtype=str(dtype)[6:], bits="copy", lowering="-", op=name, gbps=gbps, of_copy=gbps / copy_gbps,
+                             program=program))
             progress(rows[-1])
         for bits in widths:
             if stop():
@@ -97,7 +130,10 @@ def kernel_table(device: str, numel: int, repeats: int, *, dtypes=DTYPES, widths
                 candidates[("aten", "dequantize")] = lambda: decode(blob)
             for (lowering, op), fn in candidates.items():
                 gbps = (raw + blob_bytes) / median_seconds(fn, device, repeats) / 1e9
-                rows.append(dict(dtype=str(dtype)[6:], bits=bits, lowering=lowering, op=op, gbps=gbps, of_copy=gbps / copy_gbps))
+                replayed = graph_seconds(fn, repeats) if device == "cuda" else None
+                graph_gbps = None if replayed is None else (raw + blob_bytes) / replayed / 1e9
+                rows.append(dict(dtype=str(dtype)[6:], bits=bits, lowering=lowering, op=op, gbps=gbps, of_copy=gbps / copy_gbps,
+                                 program=program, graph_gbps=graph_gbps))
                 progress(rows[-1])
         for name, fn in copies.items():  # the copies again: the faster time of each counts
             speeds[name] = max(speeds[name], copy_speed(fn))
@@ -107,6 +143,8 @@ def kernel_table(device: str, numel: int, repeats: int, *, dtypes=DTYPES, widths
             if row["bits"] == "copy":
                 row["gbps"] = speeds[row["op"]]
             row["of_copy"] = row["gbps"] / copy_gbps
+            if row.get("graph_gbps") is not None:
+                row["graph_of_copy"] = row["graph_gbps"] / copy_gbps
     return rows
 
 

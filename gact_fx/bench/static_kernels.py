@@ -13,7 +13,9 @@ The budget (a static model, not a measurement): an H100 issues about 3.3e13 thre
 instructions a second and copies about 3.0 TB/s, so a kernel moving B bytes an element
 stays memory-bound up to about 11 x B instructions an element (45 for fp32 quantize, 24
 for 16-bit). The predicted share of copy bandwidth is ``min(1, 11 x B / instructions)``:
-an upper bound a real kernel approaches, not a speed.
+an upper bound, not a speed. The issue rate assumes enough warps to hide every latency;
+the warps an SM holds at once (from the registers a thread takes) say how far a kernel is
+from that, and the GPU suite's kernel table is what measures it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from ..runtime.compile_check import SassStats, check
 from ..runtime.launches import Launch, LaunchRecorder
 
 INSTRUCTIONS_PER_BYTE = 11.0  # ~3.3e13 thread instructions / s over ~3.0e12 bytes / s (H100)
+# An H100 SM's limits on what it holds at once (CUDA occupancy rules for compute capability 9.0).
+SM_REGISTERS, SM_WARPS, SM_PROGRAMS, REGISTER_GRANULE = 65536, 64, 32, 8
 GROUP = 256
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 WIDTHS = (1, 2, 3, 4, 8)
@@ -57,6 +61,17 @@ class Variant:
     def instructions_per_element(self) -> float | None:
         stats = self.plain or self.sass
         return None if stats is None else stats.instructions * self.threads / self.elements_per_program
+
+    @property
+    def resident_warps(self) -> int | None:
+        """Warps an H100 SM holds at once, as the registers a thread takes allow (shared memory,
+        the other limit, is not counted)."""
+        if self.sass is None:
+            return None
+        registers = -(-max(self.sass.registers, 1) // REGISTER_GRANULE) * REGISTER_GRANULE
+        warps = self.threads // 32
+        programs = min(SM_PROGRAMS, SM_REGISTERS // (registers * self.threads), SM_WARPS // warps)
+        return programs * warps
 
     @property
     def budget(self) -> float:
@@ -141,26 +156,27 @@ def static_table(arch: int = 90, *, dtypes=DTYPES, widths=WIDTHS, jobs: int | No
 def static_markdown(rows: list[Variant], arch: int = 90) -> str:
     lines = [f"Compiled for sm_{arch}, groups of {GROUP}, read with cuobjdump; instructions per element on the "
              "plain path (quantize) against the memory-speed budget (11 x bytes moved); the share of copy "
-             "bandwidth is that model's bound, not a measurement.\n",
+             "bandwidth is that model's bound, not a measurement; warps / SM: how many an H100 SM holds at once "
+             "with these registers (of 64).\n",
              "| kernel | dtype | bits | bytes / element | instructions / element | budget | predicted share of copy | "
-             "registers | spills | barriers (plain) | loads (bits: count) | stores (bits: count) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "registers | warps / SM | spills | barriers (plain) | loads (bits: count) | stores (bits: count) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         if r.sass is None:
-            lines.append(f"| {r.kernel} | {r.dtype} | {r.bits} | | {r.error[:80]} | | | | | | | |")
+            lines.append(f"| {r.kernel} | {r.dtype} | {r.bits} | | {r.error[:80]} | | | | | | | | |")
             continue
         plain = r.plain or r.sass
         widths = lambda counts: ", ".join(f"{w}: {n}" for w, n in sorted(counts.items(), key=lambda i: int(i[0])))  # noqa: E731
         lines.append(
             f"| {r.kernel} | {r.dtype} | {r.bits} | {r.bytes_per_element:.2f} | {r.instructions_per_element:.1f} | "
-            f"{r.budget:.0f} | {100 * r.predicted_share:.0f}% | {r.sass.registers} | {r.sass.spills} | "
+            f"{r.budget:.0f} | {100 * r.predicted_share:.0f}% | {r.sass.registers} | {r.resident_warps} | {r.sass.spills} | "
             f"{plain.barriers} | {widths(plain.global_loads)} | {widths(plain.global_stores)} |")
     return "\n".join(lines)
 
 
 def as_json(rows: list[Variant]) -> list[dict]:
     return [{**asdict(r), "instructions_per_element": r.instructions_per_element, "budget": r.budget,
-             "predicted_share": r.predicted_share} for r in rows]
+             "predicted_share": r.predicted_share, "resident_warps": r.resident_warps} for r in rows]
 
 
 def main(argv=None) -> int:

@@ -62,6 +62,21 @@ def block_shape(group_size: int, rows_needed: int, itemsize: int, bits: int, *, 
     return Shape(chunks, rows, max(1, min(rows, 512 // (16 * chunks))), WARPS)
 
 
+@contextlib.contextmanager
+def elements_per_program(narrow: int, wide: int):
+    """Launch with ``narrow`` (16-bit inputs) and ``wide`` elements a program inside the
+    block: a knob for the GPU suite's sweep of block sizes, not for training."""
+    for size in (narrow, wide):
+        if size < 256 or size & (size - 1):
+            raise ValueError(f"elements a program must be a power of two of at least 256, not {size}")
+    saved = dict(ELEMENTS_PER_PROGRAM)
+    ELEMENTS_PER_PROGRAM.update(narrow=narrow, wide=wide)
+    try:
+        yield
+    finally:
+        ELEMENTS_PER_PROGRAM.update(saved)
+
+
 def interpreted() -> bool:
     """Whether the kernels run under Triton's interpreter (``TRITON_INTERPRET=1``, read at import)."""
     return os.environ.get("TRITON_INTERPRET") == "1"

@@ -49,6 +49,8 @@ def test_a_dry_run_reports_every_part_even_when_one_outlives_its_limit(tmp_path)
     assert {(r["dtype"], r["bits"], r["op"]) for r in kernels["rows"]} >= {
         ("float32", bits, op) for bits in (1, 2, 3, 4, 8) for op in ("quantize", "dequantize")}
     assert all(r["gbps"] > 0 for r in kernels["rows"])
+    swept = "/".join(map(str, gpu_suite.PROGRAM_SWEEP[-1]))  # the sweep's rows, told apart from the kernels' own
+    assert {r["program"] for r in kernels["rows"]} == {None, swept}
     models = written["models"]
     rows = {(r["model"], r["method"]): r for r in models["rows"]}
     assert set(rows) == {(m, method) for m in ("llama-like", "resnet50") for method in gpu_suite.METHODS}
@@ -61,6 +63,8 @@ def test_a_dry_run_reports_every_part_even_when_one_outlives_its_limit(tmp_path)
     text = (out / "gpu_suite.md").read_text()
     assert text == written["markdown"]
     assert "**GPU tests**" in text and "interrupted" in text and "| llama-like | gact 2 bit |" in text
+    assert f"| float32 | 2 | {swept} |" in text and "| float32 | 2 | own |" in text
+    assert all(row["seconds"] > 0 for row in models["rows"] if row["error"] is None)
     assert cli(["bench", "--report-only", "--out", str(out), "--markdown", str(tmp_path / "B.md")]) == 0
     report = (tmp_path / "B.md").read_text()
     assert "## GPU suite" in report and "| llama-like | torch.compile |" in report

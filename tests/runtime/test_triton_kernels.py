@@ -185,3 +185,23 @@ def test_a_group_word_nan_with_every_mantissa_bit_set_decodes_to_nan():
     decoded = tk.dequantize(blob, x.numel(), torch.bfloat16, GROUP)
     assert decoded[:GROUP].isnan().all() and not decoded[GROUP:].isnan().any()
     assert dequantize_reference(blob, x.numel(), torch.bfloat16, GROUP)[:GROUP].isnan().all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_any_block_size_writes_the_same_blob(dtype):
+    """The GPU suite sweeps the elements a program holds: the blob, the noise included, and
+    the decode must not depend on it (here: 4 groups a program instead of 64 or 128)."""
+    x = sample(GROUP * 13 + 5, dtype, seed=2)
+    matrix = sample(GROUP * 3 * 8, dtype, seed=3).view(GROUP * 3, 8)  # feature-major: 8 features, 3 groups each
+    key = noise.key_of(11, 12, device=DEVICE)
+    own = tk.quantize(x, 2, GROUP, key=key), tk.quantize_transposed(matrix, 2, GROUP, key=key)
+    with tk.elements_per_program(256, 256):
+        small = tk.quantize(x, 2, GROUP, key=key), tk.quantize_transposed(matrix, 2, GROUP, key=key)
+        decoded = tk.dequantize(own[0], x.numel(), dtype, GROUP)
+    assert tk.ELEMENTS_PER_PROGRAM == {"narrow": 16384, "wide": 8192}  # restored on leaving
+    assert torch.equal(small[0], reference_blob(x, 2, GROUP, key)) and torch.equal(small[0], own[0])
+    assert torch.equal(small[1], own[1])
+    assert torch.equal(decoded, dequantize_reference(own[0], x.numel(), dtype, GROUP))
+    with pytest.raises(ValueError, match="power of two of at least 256"):
+        with tk.elements_per_program(1000, 256):
+            pass
