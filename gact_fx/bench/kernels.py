@@ -15,6 +15,7 @@ and launch time of an eager call.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -78,11 +79,13 @@ def kernel_table(device: str, numel: int, repeats: int, *, dtypes=DTYPES, widths
     kernels' elements a program (16-bit inputs, the others) instead of their own, recorded
     in each row (``"program"``: ``"16384/8192"``; ``None`` for the kernels' own)."""
     if program is None:
-        return _kernel_table(device, numel, repeats, dtypes, widths, lowerings, progress, stop, None)
-    from ..runtime.triton_kernels import elements_per_program
+        block_size, label = contextlib.nullcontext(), None
+    else:
+        from ..runtime.triton_kernels import elements_per_program
 
-    with elements_per_program(*program):
-        return _kernel_table(device, numel, repeats, dtypes, widths, lowerings, progress, stop, "/".join(map(str, program)))
+        block_size, label = elements_per_program(*program), "/".join(map(str, program))
+    with block_size:
+        return _kernel_table(device, numel, repeats, dtypes, widths, lowerings, progress, stop, label)
 
 
 def _kernel_table(device, numel, repeats, dtypes, widths, lowerings, progress, stop, program) -> list[dict]:
