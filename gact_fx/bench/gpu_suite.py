@@ -12,7 +12,8 @@ its results as it goes, so a part that fails or runs out of time costs only itse
    and replayed in a CUDA graph, then a sweep of the kernels' block sizes;
 3. models: step time, peak memory, activation bytes and predicted max batch of a 0.4B
    Llama-like transformer and ResNet-50 under bf16 autocast: torch.compile against
-   gact at 4 and 2 bits and at L2.2 (``bench.gpu_workloads``).
+   gact at 4 and 2 bits and at L2.2 (``bench.gpu_workloads``), with the block sizes the
+   kernels part found fastest (``fastest_program``).
 
 It ends with one summary block (``gpu_suite.md``, printed) and ``gpu_suite.json``;
 ``gact-fx bench --report-only`` (or a checkout's ``benchmarks/report.py``) folds the JSON into a report. ``scale="tiny"``,
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import pathlib
 import signal
@@ -151,10 +153,14 @@ def junit_summary(path: pathlib.Path) -> dict:
     return {**counts, "failures": failures}
 
 
-def run_part(part: str, out: pathlib.Path, seconds: float, *, device: str, scale: str, compiler: str) -> dict:
-    """A measuring part in a process of its own; what it wrote (``part_<name>.json``), and how it ended."""
+def run_part(part: str, out: pathlib.Path, seconds: float, *, device: str, scale: str, compiler: str,
+             program: tuple[int, int] | None = None) -> dict:
+    """A measuring part in a process of its own; what it wrote (``part_<name>.json``), and how it ended.
+    ``program``: the Triton kernels' elements a program (16-bit inputs, the others) for its launches."""
     command = [sys.executable, "-m", "gact_fx.bench.gpu_suite", "--part", part, "--out", str(out),
                "--seconds", f"{seconds:.1f}", "--device", device, "--scale", scale, "--compiler", compiler]
+    if program is not None:
+        command += ["--program", "/".join(map(str, program))]
     path = out / f"part_{part}.json"
     path.unlink(missing_ok=True)
     ran = run_limited(command, seconds + INTERRUPT_GRACE)  # the part keeps its own deadline; this is the backstop
@@ -165,6 +171,36 @@ def run_part(part: str, out: pathlib.Path, seconds: float, *, device: str, scale
     if ran["returncode"] != 0:
         result["output_tail"] = ran["output_tail"]
     return result
+
+
+def fastest_program(rows: list[dict], own: tuple[int, int]) -> tuple[int, int]:
+    """The elements a program (16-bit inputs, the others) whose kernels ran fastest in the
+    kernels part's ``rows``: for 16-bit inputs from the 16-bit rows, for the others from
+    the fp32 rows, each by the geometric mean of its speed (a CUDA-graph replay's where
+    there is one) over the cells every block size measured. ``own``: the kernels' own
+    sizes, which rows without a ``program`` ran at, and the answer where nothing compares."""
+    speeds: dict[tuple[str, tuple[int, int]], dict[tuple, float]] = {}
+    for row in rows:
+        if row["bits"] == "copy" or row.get("lowering", "op") != "op":
+            continue
+        program = tuple(int(n) for n in row["program"].split("/")) if row.get("program") else own
+        kind = "wide" if row["dtype"] == "float32" else "narrow"
+        speed = row.get("graph_gbps") or row["gbps"]
+        if speed and speed > 0:
+            speeds.setdefault((kind, program), {})[(row["dtype"], row["bits"], row["op"])] = speed
+    chosen = list(own)
+    for index, kind in enumerate(("narrow", "wide")):
+        measured = {program: cells for (k, program), cells in speeds.items() if k == kind}
+        common = set.intersection(*(set(cells) for cells in measured.values())) if measured else set()
+        if len(measured) < 2 or not common:
+            continue
+
+        def score(program: tuple[int, int]) -> float:
+            logs = [math.log(measured[program][cell]) for cell in common]
+            return sum(logs) / len(logs)
+
+        chosen[index] = max(measured, key=score)[index]
+    return chosen[0], chosen[1]
 
 
 # -- the parts, each in its own process -------------------------------------------------------
@@ -197,7 +233,8 @@ def _kernels_part(out: pathlib.Path, deadline: float, device: str, scale: str) -
     _write_json(out / "part_kernels.json", result)
 
 
-def _models_part(out: pathlib.Path, deadline: float, device: str, scale: str, compiler: str) -> None:
+def _models_part(out: pathlib.Path, deadline: float, device: str, scale: str, compiler: str,
+                 program: tuple[int, int] | None) -> None:
     from dataclasses import asdict
 
     from .gpu_workloads import Row, measure, short_error, workloads
@@ -205,7 +242,7 @@ def _models_part(out: pathlib.Path, deadline: float, device: str, scale: str, co
 
     chosen = [ALL[name] for name in METHODS]
     rows: list[Row] = []
-    result = {"rows": []}
+    result = {"rows": [], "program": None if program is None else "/".join(map(str, program))}
     # Each method on every model before the next method: the comparisons that matter most
     # (torch.compile against the default) are measured first on both models.
     plan = [(workload, method) for method in chosen for workload in workloads(device, scale)]
@@ -243,6 +280,7 @@ def part_main(argv: list[str]) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--scale", default="full")
     parser.add_argument("--compiler", default="inductor")
+    parser.add_argument("--program", help="the Triton kernels' elements a program, 16-bit inputs/the others")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     deadline = time.monotonic() + args.seconds
@@ -251,8 +289,14 @@ def part_main(argv: list[str]) -> int:
         torch.backends.cudnn.allow_tf32 = True
     if args.part == "kernels":
         _kernels_part(pathlib.Path(args.out), deadline, args.device, args.scale)
+    elif args.program is None:
+        _models_part(pathlib.Path(args.out), deadline, args.device, args.scale, args.compiler, None)
     else:
-        _models_part(pathlib.Path(args.out), deadline, args.device, args.scale, args.compiler)
+        from ..runtime.triton_kernels import elements_per_program
+
+        program = tuple(int(n) for n in args.program.split("/"))
+        with elements_per_program(*program):
+            _models_part(pathlib.Path(args.out), deadline, args.device, args.scale, args.compiler, program)
     return 0
 
 
@@ -282,12 +326,24 @@ def run(out: pathlib.Path, *, device: str = "cuda", scale: str = "full", parts=P
         if part == "tests":
             result["tests"] = run_tests(out, budget[part], test_selection)
         else:
-            result[part] = run_part(part, out, budget[part], device=device, scale=scale, compiler=compiler)
+            program = _program_for_models(result) if part == "models" else None
+            result[part] = run_part(part, out, budget[part], device=device, scale=scale, compiler=compiler,
+                                    program=program)
         result["seconds"] = round(time.monotonic() - started, 1)
         result["markdown"] = summary_markdown(result)
         _write_json(out / "gpu_suite.json", result)
         (out / "gpu_suite.md").write_text(result["markdown"])
     return result
+
+
+def _program_for_models(result: dict) -> tuple[int, int] | None:
+    """The block sizes the models run at: the fastest the kernels part measured, if it ran."""
+    rows = result.get("kernels", {}).get("rows")
+    if not rows:
+        return None
+    from ..runtime.triton_kernels import ELEMENTS_PER_PROGRAM
+
+    return fastest_program(rows, (ELEMENTS_PER_PROGRAM["narrow"], ELEMENTS_PER_PROGRAM["wide"]))
 
 
 # -- the summary --------------------------------------------------------------------------------
@@ -333,7 +389,10 @@ def kernels_markdown(kernels: dict) -> list[str]:
 def models_markdown(models: dict) -> list[str]:
     rows = models.get("rows", [])
     base = {r["model"]: r for r in rows if r["method"] == "torch.compile" and r["error"] is None}
-    lines = [f"bf16 autocast, each layer or block compiled on its own. Part {models.get('ended', '?')} "
+    program = models.get("program")
+    blocks = f" The kernels ran at {program} elements a program (16-bit inputs/the others), the fastest the " \
+             f"kernels part measured." if program else ""
+    lines = [f"bf16 autocast, each layer or block compiled on its own.{blocks} Part {models.get('ended', '?')} "
              f"({models.get('seconds', '?')} s).\n",
              "| model | method | batch | compile s | step ms | vs torch.compile | peak MiB | activations MiB | "
              "vs torch.compile | predicted max batch |",

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from gact_fx.bench import gpu_suite
+from gact_fx.runtime import triton_kernels as tk
 from gact_fx.cli import main as cli
 
 SLOW_TESTS = """
@@ -65,10 +66,34 @@ def test_a_dry_run_reports_every_part_even_when_one_outlives_its_limit(tmp_path)
     assert "**GPU tests**" in text and "interrupted" in text and "| llama-like | gact 2 bit |" in text
     assert f"| float32 | 2 | {swept} |" in text and "| float32 | 2 | own |" in text
     assert all(row["seconds"] > 0 for row in models["rows"] if row["error"] is None)
+    own = (tk.ELEMENTS_PER_PROGRAM["narrow"], tk.ELEMENTS_PER_PROGRAM["wide"])
+    assert models["program"] == "/".join(map(str, gpu_suite.fastest_program(kernels["rows"], own)))
+    assert f"The kernels ran at {models['program']} elements a program" in text
     assert cli(["bench", "--report-only", "--out", str(out), "--markdown", str(tmp_path / "B.md")]) == 0
     report = (tmp_path / "B.md").read_text()
     assert "## GPU suite" in report and "| llama-like | torch.compile |" in report
     assert "No section below was measured on a GPU" in report  # this one ran on the CPU
+
+
+def _row(dtype, bits, op, gbps, program=None, graph_gbps=None):
+    return dict(dtype=dtype, bits=bits, lowering="op", op=op, gbps=gbps, program=program, graph_gbps=graph_gbps)
+
+
+def test_the_models_run_at_the_block_sizes_whose_kernels_ran_fastest():
+    rows = [_row("bfloat16", "copy", "copy, new tensor", 3000.0)]
+    for program, bf16, fp32 in ((None, 500.0, 1500.0), ("8192/4096", 900.0, 1400.0), ("4096/2048", 800.0, 1300.0)):
+        for bits in (4, 2):
+            rows += [_row("bfloat16", bits, "quantize", bf16, program), _row("bfloat16", bits, "dequantize", bf16, program)]
+            rows += [_row("float32", bits, "quantize", fp32, program), _row("float32", bits, "dequantize", fp32, program)]
+    rows.append(_row("bfloat16", 8, "quantize", 1.0))  # a cell only the kernels' own sizes measured: not compared
+    # 16-bit inputs from the 16-bit rows, the others from fp32's, each on its own
+    assert gpu_suite.fastest_program(rows, (16384, 8192)) == (8192, 8192)
+    # a CUDA-graph replay's speed, where there is one, decides over the eager call's
+    rows.append(_row("float32", 2, "quantize", 1.0, "4096/2048", graph_gbps=1e6))
+    assert gpu_suite.fastest_program(rows, (16384, 8192)) == (8192, 2048)
+    # nothing to compare: the kernels' own
+    own_only = [r for r in rows if r["program"] is None]
+    assert gpu_suite.fastest_program(own_only, (16384, 8192)) == (16384, 8192)
 
 
 def test_a_part_that_dies_is_reported_with_its_output(tmp_path):
