@@ -53,6 +53,10 @@ METHODS = {
     "L2.2, relative metric": {"level": "L2.2", "gradient_metric": "relative"},
     "L2.2, feature groups, relative metric": {"level": "L2.2", "feature_groups": True, "gradient_metric": "relative"},
     "L2.1, feature groups, relative metric": {"level": "L2.1", "feature_groups": True, "gradient_metric": "relative"},
+    # adaptive between L2.1 and L2.2
+    "adaptive 2.5, feature groups": {"avg_bits": 2.5, "feature_groups": True},
+    "adaptive 2.5, feature groups, relative metric": {"avg_bits": 2.5, "feature_groups": True,
+                                                      "gradient_metric": "relative"},
 }  # gact options by level, for benchmarks/convergence.py
 
 
