@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..runtime import format as fmt
-from ..runtime.compile_check import SassStats, check
+from ..runtime.compile_check import SassStats, check, independent_of_fusion
 from ..runtime.launches import Launch, LaunchRecorder
 
 INSTRUCTIONS_PER_BYTE = 11.0  # ~3.3e13 thread instructions / s over ~3.0e12 bytes / s (H100)
@@ -56,6 +56,7 @@ class Variant:
     sass: SassStats | None  # the full kernel's
     plain: SassStats | None  # the plain path's (quantize), else the full kernel's
     error: str = ""
+    fusion_independent: bool | None = None  # the same machine code with Triton's multiply-add fusion on
 
     @property
     def instructions_per_element(self) -> float | None:
@@ -140,8 +141,9 @@ def _compile(item: tuple[Launch, tuple, int]) -> Variant:
         plain_launch = dataclasses.replace(
             launch, constants=tuple((k, False if k == "GENERAL" else v) for k, v in launch.constants))
         plain = check(plain_launch, arch, read_sass=True).sass
+    fusion = independent_of_fusion(launch, arch) if full.ok else None
     return Variant(f"{what} ({launch.kernel.rpartition('.')[2]})", dtype, bits, _moved(what, dtype, bits),
-                   _elements(launch), launch.num_warps * 32, full.sass, plain, full.error)
+                   _elements(launch), launch.num_warps * 32, full.sass, plain, full.error, fusion)
 
 
 def static_table(arch: int = 90, *, dtypes=DTYPES, widths=WIDTHS, jobs: int | None = None) -> list[Variant]:
@@ -157,7 +159,7 @@ def static_markdown(rows: list[Variant], arch: int = 90) -> str:
     lines = [f"Compiled for sm_{arch}, groups of {GROUP}, read with cuobjdump; instructions per element on the "
              "plain path (quantize) against the memory-speed budget (11 x bytes moved); the share of copy "
              "bandwidth is that model's bound, not a measurement; warps / SM: how many an H100 SM holds at once "
-             "with these registers (of 64).\n",
+             "with these registers (of 64). " + _fusion_note(rows) + "\n",
              "| kernel | dtype | bits | bytes / element | instructions / element | budget | predicted share of copy | "
              "registers | warps / SM | spills | barriers (plain) | loads (bits: count) | stores (bits: count) |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -172,6 +174,12 @@ def static_markdown(rows: list[Variant], arch: int = 90) -> str:
             f"{r.budget:.0f} | {100 * r.predicted_share:.0f}% | {r.sass.registers} | {r.resident_warps} | {r.sass.spills} | "
             f"{plain.barriers} | {widths(plain.global_loads)} | {widths(plain.global_stores)} |")
     return "\n".join(lines)
+
+
+def _fusion_note(rows: list[Variant]) -> str:
+    same = sum(r.fusion_independent is True for r in rows)
+    return (f"{same} of {len(rows)} variants compile to the same machine code with Triton's multiply-add fusion "
+            "on (a launch by Inductor) as off (gact's own launches).")
 
 
 def as_json(rows: list[Variant]) -> list[dict]:

@@ -144,16 +144,35 @@ def parse_sass(sass: str, resources: str) -> SassStats:
     )
 
 
-def sass_stats(cubin: bytes) -> SassStats | None:
+def _disassemble(cubin: bytes, *flags: str) -> str | None:
     tool = cuobjdump()
     if tool is None:
         return None
     with tempfile.TemporaryDirectory() as directory:
         path = pathlib.Path(directory) / "kernel.cubin"
         path.write_bytes(cubin)
-        sass = subprocess.run([str(tool), "-sass", str(path)], capture_output=True, text=True, check=True).stdout
-        resources = subprocess.run([str(tool), "-res-usage", str(path)], capture_output=True, text=True, check=True).stdout
-    return parse_sass(sass, resources)
+        return subprocess.run([str(tool), *flags, str(path)], capture_output=True, text=True, check=True).stdout
+
+
+def sass_stats(cubin: bytes) -> SassStats | None:
+    sass = _disassemble(cubin, "-sass")
+    return None if sass is None else parse_sass(sass, _disassemble(cubin, "-res-usage"))
+
+
+def machine_code(launch: Launch, arch: int) -> str | None:
+    """A launch's SASS for ``sm_<arch>``, its instructions alone (``None`` without cuobjdump)."""
+    sass = _disassemble(compile_launch(launch, arch).asm["cubin"], "-sass")
+    return None if sass is None else "\n".join(m.group(0) for m in _INSTRUCTION.finditer(sass))
+
+
+def independent_of_fusion(launch: Launch, arch: int) -> bool | None:
+    """Whether ``launch`` compiles to the same machine code when Triton may fuse a multiply
+    and an add into one rounding (its default, and what a launch by Inductor gets) as when
+    it may not (gact's own launches): the format rounds them apart, so the blob must not
+    depend on it (``triton_common.mul``)."""
+    fused = dataclasses.replace(launch, fp_fusion=not launch.fp_fusion)
+    code = machine_code(launch, arch)
+    return None if code is None else code == machine_code(fused, arch)
 
 
 def check(launch: Launch, arch: int, *, read_sass: bool = False) -> CompileResult:

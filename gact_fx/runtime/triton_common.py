@@ -23,6 +23,16 @@ BFLOAT16_LOWEST = tl.constexpr(-3.3895313892515355e38)  # -finfo(bfloat16).max
 
 
 @triton.jit
+def mul(a, b):
+    """``a * b`` (float32) rounded on its own, never fused into a multiply-add with what
+    follows. The format rounds ``a * b + c`` twice; Triton contracts such pairs unless the
+    launch says ``enable_fp_fusion=False``, and a launch by another (Inductor's of a
+    ``wrap_triton`` kernel) need not. An explicit ``fma`` is never contracted further, and
+    adding -0.0 changes no product, not even a zero's sign."""
+    return tl.fma(a, b, -0.0)
+
+
+@triton.jit
 def bfloat16_floor(x):
     """The largest bfloat16 at or below ``x`` (float32), never -inf; NaN stays NaN (``runtime.reference``)."""
     down = bfloat16_floor_finite(tl.maximum(x, BFLOAT16_LOWEST))
@@ -71,7 +81,7 @@ def load_group_words(ptr, mask, LEVELS: tl.constexpr):
     bits = tl.load(ptr.to(tl.pointer_type(tl.int32)), mask=mask, other=0)
     half_bits = bits << 16
     factor = tl.where(half_bits < 0, scale_factor(LEVELS - 1), scale_factor(LEVELS))
-    scale = (half_bits & 0x7FFFFFFF).to(tl.float32, bitcast=True) * factor
+    scale = mul((half_bits & 0x7FFFFFFF).to(tl.float32, bitcast=True), factor)
     return half_bits, scale, (bits & -0x10000).to(tl.float32, bitcast=True)
 
 

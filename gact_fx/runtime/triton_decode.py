@@ -4,7 +4,8 @@
 writes them: each thread takes a 16-element chunk's packed codes in one load and expands
 its two halves (elements ``16c + j`` and ``16c + 8 + j``) in its own registers.
 A program of groups without special values (none flagged) skips the special-value test. Values are ``code * scale + min`` as two roundings, as the reference
-decodes them (no fused multiply-add), so every implementation decodes alike.
+decodes them (``triton_common.mul``: never a fused multiply-add, whatever the launch), so every
+implementation decodes alike.
 ``decode_features_kernel`` reads feature-major groups (``feature_groups``) back into the
 source's own row-major [tokens, features] layout, in place of a transposed copy.
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_common import load_group_words, program_features, program_groups, round_to, zero_tail
+from .triton_common import load_group_words, mul, program_features, program_groups, round_to, zero_tail
 
 
 @triton.jit
@@ -92,8 +93,8 @@ def decode_chunked_kernel(
     j = tl.arange(0, 8)[None, None, :]
     live = row_live[:, None] & (chunk < GROUP // 16)
     ca, cb = _load_codes(blob_ptr + 4 * num_groups + g1[:, None] * BYTES, chunk, j, live, BITS, GROUP)
-    va = ca.to(tl.float32) * scale + group_min  # (a NaN word, a poisoned group, decodes to NaN)
-    vb = cb.to(tl.float32) * scale + group_min
+    va = mul(ca.to(tl.float32), scale) + group_min  # (a NaN word, a poisoned group, decodes to NaN)
+    vb = mul(cb.to(tl.float32), scale) + group_min
     if tl.min(half_bits) < 0:  # a group with special values: code LEVELS is its special value
         va, vb = _with_special_values(va, vb, ca, cb, half_bits, dtype_max, LEVELS)
     first = g1[:, None, None] * GROUP + chunk[:, :, None] * 16 + j
@@ -180,8 +181,8 @@ def decode_features_kernel(
     token = token_block * GROUP + chunk * 16
     for j in tl.static_range(8):
         ca, cb = _chunk_code(packed_a, packed_b, high_a, high_b, j, BITS)
-        va = ca.to(tl.float32) * scale + group_min
-        vb = cb.to(tl.float32) * scale + group_min
+        va = mul(ca.to(tl.float32), scale) + group_min
+        vb = mul(cb.to(tl.float32), scale) + group_min
         if any_special:
             va, vb = _with_special_values(va, vb, ca, cb, half_bits, dtype_max, LEVELS)
         tl.store(out_ptr + (token + j) * row_stride + features, round_to(va, dtype), mask=live)

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from .triton_common import (
     BFLOAT16_LOWEST, GOLDEN, HALF_MAX, M1, advance_counter, bfloat16_ceil, bfloat16_floor, bfloat16_floor_finite,
-    call_key, call_mix, hash_product, max_nan, min_nan, pair_hash, program_features, program_groups, scale_factor,
+    call_key, call_mix, hash_product, max_nan, min_nan, mul, pair_hash, program_features, program_groups, scale_factor,
     store_group_words, uniform, uniform_of, zero_tail,
 )
 
@@ -114,11 +114,11 @@ def general_parameters(xa, xb, dtype_max, LEVELS: tl.constexpr):
     kind_high = reduce_max(tl.where(special_a, kind_a, -1), tl.where(special_b, kind_b, -1))
     top = LEVELS - flagged.to(tl.int32)
     half_max = tl.where(top <= 1, HALF_MAX * 0.5, HALF_MAX)
-    half = bfloat16_ceil(tl.minimum(group_max * 0.5 - group_min * 0.5, half_max))
+    half = bfloat16_ceil(tl.minimum(mul(group_max, 0.5) - mul(group_min, 0.5), half_max))
     raw = half.to(tl.int32, bitcast=True)
     rounded = ((raw + 0x30000) & -0x40000) | (tl.minimum(tl.maximum(kind_low, 0), 3) << 16)
     half = tl.where(flagged, rounded.to(tl.float32, bitcast=True), half)
-    scale = half * scale_factor(top)
+    scale = mul(half, scale_factor(top))
     used = tl.where(scale > 0, scale, 1.0)
     poison = has_nan | (flagged & (kind_low != kind_high)) | (flagged & (top == 0) & (group_max > group_min))
     word = tl.where(flagged, -half, half)
@@ -128,8 +128,8 @@ def general_parameters(xa, xb, dtype_max, LEVELS: tl.constexpr):
 
 @triton.jit
 def general_codes(x, u, special, group_min, used, top, poison, LEVELS: tl.constexpr):
-    inverse = tl.math.div_rn(1.0, used * 0.5)
-    codes = tl.floor((x * 0.5 - group_min * 0.5) * inverse + u)
+    inverse = tl.math.div_rn(1.0, mul(used, 0.5))
+    codes = tl.floor(mul(mul(x, 0.5) - mul(group_min, 0.5), inverse) + u)
     codes = tl.minimum(tl.maximum(codes, 0.0), top.to(tl.float32))
     codes = tl.where(special, LEVELS, codes)
     return tl.where(poison | (codes != codes), 0.0, codes).to(tl.int32)
@@ -276,8 +276,8 @@ def _scale_and_plain(low, high, dtype_max, LEVELS: tl.constexpr, FP32: tl.conste
     if FP32:  # a 16-bit input's min is at least bfloat16's lowest
         plain = plain & (low >= BFLOAT16_LOWEST)
     low = bfloat16_floor_finite(low)  # NaN or below BFLOAT16_LOWEST: garbage the general path replaces
-    half = bfloat16_ceil(high * 0.5 - low * 0.5)  # not clamped: the clamp's groups take the general path
-    half_scale = tl.where(half > 0, half * (scale_factor(LEVELS) * 0.5), 0.5)
+    half = bfloat16_ceil(mul(high, 0.5) - mul(low, 0.5))  # not clamped: the clamp's groups take the general path
+    half_scale = tl.where(half > 0, mul(half, mul(scale_factor(LEVELS), 0.5)), 0.5)
     HALF_LIMIT: tl.constexpr = HALF_MAX * 0.5 if LEVELS == 1 else HALF_MAX
     return low, half, half_scale, plain & (half <= HALF_LIMIT) & (half_scale >= SMALLEST_PLAIN_SCALE * 0.5)
 
@@ -288,7 +288,7 @@ def _half_distance(x, half_low, FP32: tl.constexpr):
     16-bit input's ``x * 0.5`` is exact (none is a float32 subnormal that halving rounds), so
     one multiply-add gives the same result."""
     if FP32:
-        result = x * 0.5 - half_low
+        result = mul(x, 0.5) - half_low
     else:
         result = tl.fma(x, 0.5, -half_low)
     return result
@@ -318,10 +318,10 @@ def encode_chunked_kernel(
         _store_words(blob_ptr, g1, num_groups, half, low, BLOCK, False)  # first: fewer registers live below
         ua, ub = _halves_noise(g1, mixed_key, GROUP, CHUNKS, WIDE)
         inverse = tl.math.div_rn(1.0, half_scale)
-        half_low = low * 0.5
+        half_low = mul(low, 0.5)
         FP32: tl.constexpr = x_ptr.dtype.element_ty == tl.float32
-        ca = (_half_distance(xa, half_low, FP32) * inverse + ua).to(tl.int32)  # >= 0: truncation is floor
-        cb = (_half_distance(xb, half_low, FP32) * inverse + ub).to(tl.int32)
+        ca = (mul(_half_distance(xa, half_low, FP32), inverse) + ua).to(tl.int32)  # >= 0: truncation is floor
+        cb = (mul(_half_distance(xb, half_low, FP32), inverse) + ub).to(tl.int32)
         if BITS == 8:  # below 8 bits the rounding bounds keep codes under LEVELS + 1
             ca = tl.minimum(ca, LEVELS)
             cb = tl.minimum(cb, LEVELS)
@@ -378,7 +378,7 @@ def encode_features_kernel(
     low, half, half_scale, plain = _scale_and_plain(low, high, dtype_max, LEVELS, x_ptr.dtype.element_ty == tl.float32)
     if (not GENERAL) or tl.min(tl.where(live, plain, True).to(tl.int32)) == 1:
         inverse = tl.math.div_rn(1.0, half_scale)
-        half_low = low * 0.5
+        half_low = mul(low, 0.5)
         FP32: tl.constexpr = x_ptr.dtype.element_ty == tl.float32
         chunk = tl.arange(0, CHUNKS)[None, :]
         pair0 = groups * (GROUP // 2) + chunk * 8
@@ -399,8 +399,8 @@ def encode_features_kernel(
             h = hash_product(product0 + ((j * GOLDEN) & 0xFFFFFFFF), mixed_key)
             xa = _feature_tokens(x_ptr, features, token_block, row_stride, j, GROUP, CHUNKS).to(tl.float32)
             xb = _feature_tokens(x_ptr, features, token_block, row_stride, j + 8, GROUP, CHUNKS).to(tl.float32)
-            ca = (_half_distance(xa, half_low, FP32) * inverse + uniform_of(h)).to(tl.int32)
-            cb = (_half_distance(xb, half_low, FP32) * inverse + uniform_of(h >> 16)).to(tl.int32)
+            ca = (mul(_half_distance(xa, half_low, FP32), inverse) + uniform_of(h)).to(tl.int32)
+            cb = (mul(_half_distance(xb, half_low, FP32), inverse) + uniform_of(h >> 16)).to(tl.int32)
             if BITS == 8:  # bytes 0-3 of each half in one word, bytes 4-7 in another
                 if j < 4:
                     word_a = word_a + (tl.minimum(ca, LEVELS) << (8 * j))

@@ -3,7 +3,8 @@
 Every kernel variant the CUDA path launches for a large tensor is compiled for sm_90 and
 read back (``gact_fx.bench.static_kernels``): instructions per element on the quantize
 kernels' plain path and the others' whole code, against the budget an H100 allows (45 an
-element for fp32, 24 for 16-bit; 11 per byte moved for masks), with no register spills.
+element for fp32, 24 for 16-bit; 11 per byte moved for masks), with no register spills,
+and the same code whether or not Triton may fuse multiply-adds.
 Counts belong to one compiler: this checks the Triton that ``constraints.txt`` pins, and
 skips (saying so) under another.
 """
@@ -53,6 +54,14 @@ def test_every_variant_compiles_without_spills(variants):
     for row in variants:
         assert not row["error"] and row["sass"] is not None, row
         assert row["sass"]["spills"] == 0, row["kernel"]
+
+
+def test_no_variant_depends_on_multiply_add_fusion(variants):
+    """The format rounds ``a * b + c`` twice. gact launches with Triton's fusion off, but a
+    launch by another (Inductor's of a ``wrap_triton`` kernel) gets Triton's default, on:
+    the machine code, hence the blob, must be the same either way."""
+    fused = [f"{row['kernel']} {row['dtype']} {row['bits']}" for row in variants if row["fusion_independent"] is not True]
+    assert not fused, "\n".join(fused)
 
 
 def test_every_variant_fits_the_memory_speed_budget(variants):
