@@ -101,6 +101,10 @@ TABLE_FILES = {
                                              "As above, `--task charlm-llama`."),
     "warm_gradient_error_noise_gpt.json": ("Gradient error against the minibatch's noise: the char GPT",
                                            "As above, `--task charlm`."),
+    "warm_gradient_error_adaptive_bert.json": ("Gradient error against the minibatch's noise: adaptive levels on the masked LM",
+                                               "As above, `--task charlm-bert`, the adaptive levels with feature groups "
+                                               "between L2.1 and L2.2 (each tensor probed once, then frozen), with the "
+                                               "absolute and the relative gradient metric, beside uniform 4 and 3 bits."),
     "feature_groups_error.json": ("Gradient error: groups along features where the innermost dimension is not one",
                                   "`benchmarks/feature_groups_error.py --name feature_groups_error`: one draw's "
                                   "gradient error at init with `feature_groups` on and off, on the CNNs, the MLP and "
