@@ -55,6 +55,7 @@ def test_a_dry_run_reports_every_part_even_when_one_outlives_its_limit(tmp_path)
     models = written["models"]
     rows = {(r["model"], r["method"]): r for r in models["rows"]}
     assert set(rows) == {(m, method) for m in ("llama-like", "resnet50") for method in gpu_suite.METHODS}
+    assert list(rows) == list(gpu_suite.PLAN)  # in order of importance, as they ran
     for method in gpu_suite.METHODS:
         row = rows["llama-like", method]
         assert row["error"] is None and row["step_ms"] > 0 and row["compile_s"] > 0 and row["activation_mib"] > 0, row
