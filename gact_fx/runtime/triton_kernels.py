@@ -19,11 +19,11 @@ kernels run on CPU tensors (slowly): that is how their semantics are tested with
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from . import format as fmt
 from .launches import launch
@@ -40,6 +40,24 @@ WARPS = 4
 _INT32_LIMIT = 2**31
 
 
+# Host arithmetic in plain Python: Triton's helpers of the same names are constexpr
+# functions in recent Triton, a few microseconds a call, and every launch makes several.
+def _next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+_DTYPE_MAX = {dtype: float(torch.finfo(dtype).max) for dtype in (torch.float32, torch.bfloat16, torch.float16)}
+
+
+def _dtype_max(dtype: torch.dtype) -> float:
+    found = _DTYPE_MAX.get(dtype)
+    return float(torch.finfo(dtype).max) if found is None else found
+
+
 @dataclass(frozen=True)
 class Shape:
     """How a kernel takes a group size: 16-element chunks per group, groups per program, warps."""
@@ -54,11 +72,15 @@ def block_shape(group_size: int, rows_needed: int, itemsize: int, bits: int, *, 
     """The shape for ``rows_needed`` groups (feature-major: features) in all of ``itemsize``-byte
     elements at ``bits``: a program holds no more rows than that (rounded up to a power of
     two), so a small tensor is not padded to a program's worth."""
-    fmt.check_group_size(group_size)
-    chunks = triton.next_power_of_2(group_size // 16)
     narrow = itemsize == 2 and (bits < 8 or feature_major)
-    per_program = ELEMENTS_PER_PROGRAM["narrow" if narrow else "wide"]
-    rows = min(triton.next_power_of_2(max(1, rows_needed)), max(1, per_program // (16 * chunks)))
+    return _block_shape(group_size, _next_power_of_2(max(1, rows_needed)), ELEMENTS_PER_PROGRAM["narrow" if narrow else "wide"])
+
+
+@functools.lru_cache(maxsize=1024)
+def _block_shape(group_size: int, rows_needed: int, per_program: int) -> Shape:
+    fmt.check_group_size(group_size)
+    chunks = _next_power_of_2(group_size // 16)
+    rows = min(rows_needed, max(1, per_program // (16 * chunks)))
     return Shape(chunks, rows, max(1, min(rows, 512 // (16 * chunks))), WARPS)
 
 
@@ -77,9 +99,12 @@ def elements_per_program(narrow: int, wide: int):
         ELEMENTS_PER_PROGRAM.update(saved)
 
 
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # as Triton reads it: once, at import
+
+
 def interpreted() -> bool:
     """Whether the kernels run under Triton's interpreter (``TRITON_INTERPRET=1``, read at import)."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    return _INTERPRETED
 
 
 def _key_source(state: torch.Tensor | None, key: torch.Tensor | None) -> tuple[torch.Tensor, bool]:
@@ -96,7 +121,7 @@ def _on_device(tensor: torch.Tensor):
 
 
 def _grid(items: int, per_program: int) -> tuple[int]:
-    return (max(1, triton.cdiv(items, per_program)),)
+    return (max(1, _cdiv(items, per_program)),)
 
 
 def rounding_noise(groups: int, group_size: int, *, state=None, key=None) -> torch.Tensor:
@@ -104,7 +129,7 @@ def rounding_noise(groups: int, group_size: int, *, state=None, key=None) -> tor
     fmt.check_group_size(group_size)
     source, from_state = _key_source(state, key)
     out = torch.empty(groups, group_size, device=source.device, dtype=torch.float32)
-    lanes = triton.next_power_of_2(group_size)
+    lanes = _next_power_of_2(group_size)
     rows = max(1, 1024 // lanes)
     with _on_device(out):
         launch(noise_kernel, _grid(groups, rows), {"out_ptr": out, "num_groups": groups, "key_ptr": source},
@@ -127,7 +152,7 @@ def quantize(flat: torch.Tensor, bits: int, group_size: int, *, state=None, key=
     with _on_device(flat):
         launch(encode_chunked_kernel, _grid(groups, shape.rows),
                {"x_ptr": flat, "blob_ptr": blob, "numel": numel, "num_groups": groups, "nbytes": blob.numel(),
-                "key_ptr": source, "dtype_max": float(torch.finfo(flat.dtype).max)},
+                "key_ptr": source, "dtype_max": _dtype_max(flat.dtype)},
                {"FROM_STATE": from_state, "ADVANCE": from_state and count, "BITS": bits, "GROUP": group_size,
                 "CHUNKS": shape.chunks, "BLOCK": shape.rows, "PARTIAL": numel % group_size != 0,
                 "WIDE": numel >= _INT32_LIMIT, "GENERAL_ROWS": shape.general_rows,
@@ -153,9 +178,9 @@ def quantize_transposed(matrix: torch.Tensor, bits: int, group_size: int, *, sta
     blob = _new_blob(numel, bits, group_size, matrix.element_size(), matrix.device)
     shape = block_shape(group_size, features, matrix.element_size(), bits, feature_major=True)
     with _on_device(matrix):
-        launch(encode_features_kernel, (token_blocks * triton.cdiv(features, shape.rows),),
+        launch(encode_features_kernel, (token_blocks * _cdiv(features, shape.rows),),
                {"x_ptr": matrix, "blob_ptr": blob, "numel": numel, "num_groups": token_blocks * features,
-                "nbytes": blob.numel(), "key_ptr": source, "dtype_max": float(torch.finfo(matrix.dtype).max),
+                "nbytes": blob.numel(), "key_ptr": source, "dtype_max": _dtype_max(matrix.dtype),
                 "token_blocks": token_blocks, "row_stride": features},
                {"FROM_STATE": from_state, "ADVANCE": from_state and count, "BITS": bits, "GROUP": group_size,
                 "CHUNKS": shape.chunks, "BLOCK": shape.rows, "WIDE": numel >= _INT32_LIMIT,
@@ -173,7 +198,7 @@ def dequantize(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: i
     with _on_device(blob):
         launch(decode_chunked_kernel, _grid(groups, shape.rows),
                {"blob_ptr": blob, "out_ptr": out, "numel": numel, "num_groups": groups,
-                "dtype_max": float(torch.finfo(dtype).max)},
+                "dtype_max": _dtype_max(dtype)},
                {"BITS": bits, "GROUP": group_size, "CHUNKS": shape.chunks, "BLOCK": shape.rows,
                 "PARTIAL": numel % group_size != 0, "WIDE": numel >= _INT32_LIMIT}, num_warps=shape.warps)
     return out
@@ -187,9 +212,9 @@ def dequantize_transposed(blob: torch.Tensor, tokens: int, features: int, dtype:
     out = torch.empty(tokens, features, dtype=dtype, device=blob.device)
     shape = block_shape(group_size, features, out.element_size(), bits, feature_major=True)
     with _on_device(blob):
-        launch(decode_features_kernel, (token_blocks * triton.cdiv(features, shape.rows),),
+        launch(decode_features_kernel, (token_blocks * _cdiv(features, shape.rows),),
                {"blob_ptr": blob, "out_ptr": out, "num_groups": token_blocks * features,
-                "dtype_max": float(torch.finfo(dtype).max), "token_blocks": token_blocks, "row_stride": features},
+                "dtype_max": _dtype_max(dtype), "token_blocks": token_blocks, "row_stride": features},
                {"BITS": bits, "GROUP": group_size, "CHUNKS": shape.chunks, "BLOCK": shape.rows,
                 "WIDE": tokens * features >= _INT32_LIMIT}, num_warps=shape.warps)
     return out
@@ -199,8 +224,8 @@ def pack_mask(mask: torch.Tensor) -> torch.Tensor:
     """The 1-bit blob of a bool (or 0/1 uint8) tensor, contiguous."""
     numel = mask.numel()
     blob = torch.empty(fmt.bool_blob_nbytes(numel), dtype=torch.uint8, device=mask.device)
-    words = triton.cdiv(numel, 32)
-    per_program = min(MASK_WORDS, triton.next_power_of_2(words))
+    words = _cdiv(numel, 32)
+    per_program = min(MASK_WORDS, _next_power_of_2(words))
     with _on_device(mask):
         launch(pack_mask_kernel, _grid(words, per_program),
                {"mask_ptr": mask.reshape(-1), "blob_ptr": blob, "numel": numel, "nbytes": blob.numel()},
@@ -211,8 +236,8 @@ def pack_mask(mask: torch.Tensor) -> torch.Tensor:
 def unpack_mask(blob: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
     """The ``numel`` 0s and 1s of ``dtype`` (bool included) a mask's blob holds."""
     out = torch.empty(numel, dtype=dtype, device=blob.device)
-    words = triton.cdiv(numel, 32)
-    per_program = min(MASK_WORDS, triton.next_power_of_2(words))
+    words = _cdiv(numel, 32)
+    per_program = min(MASK_WORDS, _next_power_of_2(words))
     with _on_device(blob):
         launch(unpack_mask_kernel, _grid(words, per_program),
                {"blob_ptr": blob, "out_ptr": out, "numel": numel}, {"WORDS": per_program}, num_warps=WARPS)
