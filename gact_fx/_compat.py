@@ -320,6 +320,11 @@ def squared_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
         return torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float32)).square().sum()
 
 
+def add_one_(tensors: list[torch.Tensor]) -> None:
+    """Add 1 to each tensor in place: one fused kernel per device and dtype (``_foreach_add_``)."""
+    torch._foreach_add_(tensors, 1)
+
+
 def dispatch_mode_active() -> bool:
     """Whether a TorchDispatchMode (make_fx's tracer, a FLOP counter) sees the ops called now."""
     return torch._C._len_torch_dispatch_stack() > 0

@@ -71,6 +71,12 @@ def call_key(state: torch.Tensor) -> torch.Tensor:
     return torch.cat([k0, k1])
 
 
+def call_keys(states: torch.Tensor) -> torch.Tensor:
+    """``call_key`` of each row of stacked states (``N x 3``): ``N x 2``, in a few kernels."""
+    k0 = states[:, 0]
+    return torch.stack([k0, fmix32(mul32(states[:, 1] & MASK32, GOLDEN) ^ k0)], dim=1)
+
+
 def uniform(key: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """Noise in (0, 1) for int64 element indices ``index`` under ``key`` (float32)."""
     k0, k1 = key[0], key[1]

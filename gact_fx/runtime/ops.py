@@ -53,7 +53,7 @@ from . import format as fmt
 from .kernels import decode_mask, decode_permuted, encode_permuted
 from .layout import arrange, inverse_permutation
 from .probe import is_stashing
-from .registry import DIRECTORY
+from .registry import DIRECTORY, next_keys
 from .rotation import rotate, rotates, unrotate_
 
 RUNTIME_BITS = fmt.RUNTIME_BITS
@@ -172,7 +172,7 @@ def _unpack_mask_fake(blob, shape, dtype, perm, layout=None):
 def keys(slots: Sequence[int], device: torch.device) -> torch.Tensor:
     if not slots:
         return torch.empty(0, 2, dtype=torch.int64, device=device)
-    return torch.stack([DIRECTORY.site(slot).next_key(torch.device(device)) for slot in slots])
+    return next_keys([DIRECTORY.site(slot) for slot in slots], torch.device(device))
 
 
 @torch.library.register_fake("gact::keys")

@@ -8,7 +8,7 @@ from gact_fx.runtime import format as fmt
 from gact_fx.runtime import ops  # noqa: F401  (registers torch.ops.gact)
 from gact_fx.runtime.kernels import encode
 from gact_fx.runtime.layout import arrange
-from gact_fx.runtime.registry import DIRECTORY, SlotRegistry, manual_seed
+from gact_fx.runtime.registry import DIRECTORY, SlotRegistry, manual_seed, next_keys
 
 from .sites import SLOT, new_slot
 
@@ -155,6 +155,43 @@ def test_two_registries_number_their_sites_apart_and_key_their_noise_by_index():
     manual_seed(3)
     # the same position in two backends compiled alike: the same noise, so runs compare
     assert torch.equal(quantize(x, 2, 64, [0], a.slot), quantize(x, 2, 64, [0], b.slot))
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_keys_op_gives_each_site_its_next_key_and_advances_each_once(fused):
+    # gact::keys (the aten lowering's) hashes every site's key at once; one site at a time
+    # is the reference. A pinned site keeps its count; a slot named twice draws two keys.
+    batched, one_by_one = SlotRegistry(), SlotRegistry()
+    sites = [batched.new_site() for _ in range(6)]
+    twins = [one_by_one.new_site() for _ in range(6)]
+    sites[2].pinned = twins[2].pinned = True
+    cpu = torch.device("cpu")
+    for _ in range(3):
+        keys = next_keys(sites, cpu, fused=fused)
+        assert torch.equal(keys, torch.stack([twin.next_key(cpu) for twin in twins]))
+    assert [site.rng_state(cpu)[1].item() for site in sites] == [3, 3, 0, 3, 3, 3]
+    twice = torch.ops.gact.keys([sites[0].slot, sites[0].slot], cpu)
+    assert not torch.equal(twice[0], twice[1]) and sites[0].rng_state(cpu)[1].item() == 5
+
+
+def test_the_keys_op_launches_a_fixed_number_of_kernels_whatever_the_sites():
+    registry = SlotRegistry()
+    sites = [registry.new_site() for _ in range(16)]
+    meta = torch.device("meta")  # the device path (fused counters), counted without a GPU
+    next_keys(sites, meta)  # each site's state made once, as on its first step
+    views = ("aten::slice", "aten::select", "aten::view", "aten::unsqueeze", "aten::as_strided")
+
+    def ops_in(call) -> list[str]:
+        """The ops called, not inside another (meta runs a foreach as one op per tensor)."""
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+            call()
+        return sorted(event.name for event in profile.events()
+                      if event.name.startswith("aten::") and event.cpu_parent is None and event.name not in views)
+
+    batched = ops_in(lambda: next_keys(sites, meta))
+    assert batched == ops_in(lambda: next_keys(sites[:2], meta)) and "aten::_foreach_add_" in batched
+    # sixteen sites at once take fewer ops than two sites one at a time
+    assert len(batched) < len(ops_in(lambda: [site.next_key(meta) for site in sites[:2]]))
 
 
 def test_a_slot_without_a_live_site_is_a_clear_error():
