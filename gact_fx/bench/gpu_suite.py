@@ -214,8 +214,10 @@ def fastest_program(rows: list[dict], own: tuple[int, int]) -> tuple[int, int]:
 
 def _kernels_part(out: pathlib.Path, deadline: float, device: str, scale: str) -> None:
     """The kernels' own block sizes at every width (bf16 and fp32 first), then the sweep of
-    ``PROGRAM_SWEEP`` at 4 and 2 bits, then fp16: the most telling rows first."""
+    ``PROGRAM_SWEEP`` at 4 and 2 bits, then the ``triton_op`` probe, then fp16: the most
+    telling rows first."""
     from .kernels import kernel_table
+    from .triton_op_probe import probe
 
     full = scale == "full"
     numel, repeats = (1 << 26, 20) if full else (1 << 12, 2)
@@ -230,9 +232,12 @@ def _kernels_part(out: pathlib.Path, deadline: float, device: str, scale: str) -
         result["rows"].append(row)
         _write_json(out / "part_kernels.json", result)
 
-    for table in tables:
+    for index, table in enumerate(tables):
         if time.monotonic() > deadline:
             break
+        if index == len(tables) - 1:
+            result["triton_op"] = probe(device)
+            _write_json(out / "part_kernels.json", result)
         kernel_table(device, numel, repeats, lowerings=("op",), progress=progress,
                      stop=lambda: time.monotonic() > deadline, **table)
     result["complete"] = time.monotonic() <= deadline
@@ -387,6 +392,10 @@ def kernels_markdown(kernels: dict) -> list[str]:
         lines.append(f"| {dtype} | {bits} | {program or 'own'} | {q[0]} | {q[1]} | {q[2]} | {dq[0]} | {dq[1]} | {dq[2]} "
                      f"| {fq[1]} | {fq[2]} | {fdq[1]} | {fdq[2]} |")
     lines.append("Device copy: " + ", ".join(f"{dtype} {gbps:.0f} GB/s" for dtype, gbps in copies.items()))
+    if "triton_op" in kernels:
+        from .triton_op_probe import probe_markdown
+
+        lines += ["", *probe_markdown(kernels["triton_op"])]
     return lines
 
 

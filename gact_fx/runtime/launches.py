@@ -14,6 +14,7 @@ Recording changes nothing about the launch itself (unless asked not to launch at
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -121,13 +122,28 @@ class LaunchRecorder:
 _ACTIVE: contextvars.ContextVar[tuple[LaunchRecorder, ...]] = contextvars.ContextVar("gact_launch_recorders", default=())
 
 
+_WRAPPED: contextvars.ContextVar[bool] = contextvars.ContextVar("gact_launch_wrapped", default=False)
+
+
+@contextlib.contextmanager
+def through_wrap_triton():
+    """Launch through ``torch.library.wrap_triton`` inside the block, as the body of a
+    ``torch.library.triton_op`` must, so that Inductor sees the kernel (the GPU suite's probe)."""
+    token = _WRAPPED.set(True)
+    try:
+        yield
+    finally:
+        _WRAPPED.reset(token)
+
+
 def launch(kernel, grid: tuple[int, ...], arguments: Mapping[str, object], constants: Mapping[str, object],
            *, num_warps: int) -> None:
     """Launch a ``@triton.jit`` kernel with keyword arguments, recording it for active recorders.
 
-    Never with fused multiply-adds: the format rounds ``a * b + c`` twice wherever it
-    writes it, and a contraction would change codes at their edges (Triton contracts by
-    default; the interpreter never does, so only the GPU would differ)."""
+    Without fused multiply-adds: the format rounds ``a * b + c`` twice wherever it writes
+    it (Triton contracts by default; the interpreter never does). The kernels do not depend
+    on it (``triton_common.mul``), so a launch through ``wrap_triton``, which takes Triton's
+    default, writes the same blob."""
     recorders = _ACTIVE.get()
     if recorders:
         record = describe_launch(f"{kernel.fn.__module__}.{kernel.fn.__name__}", arguments, constants, num_warps)
@@ -135,4 +151,9 @@ def launch(kernel, grid: tuple[int, ...], arguments: Mapping[str, object], const
             recorder.add(record)
         if not all(recorder.run for recorder in recorders):
             return
+    if _WRAPPED.get():
+        from torch.library import wrap_triton
+
+        wrap_triton(kernel)[grid](**arguments, **constants, num_warps=num_warps)
+        return
     kernel[grid](**arguments, **constants, num_warps=num_warps, enable_fp_fusion=False)

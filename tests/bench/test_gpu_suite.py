@@ -50,6 +50,7 @@ def test_a_dry_run_reports_every_part_even_when_one_outlives_its_limit(tmp_path)
     assert {(r["dtype"], r["bits"], r["op"]) for r in kernels["rows"]} >= {
         ("float32", bits, op) for bits in (1, 2, 3, 4, 8) for op in ("quantize", "dequantize")}
     assert all(r["gbps"] > 0 for r in kernels["rows"])
+    assert kernels["triton_op"] == {"status": "not run: needs a CUDA GPU"}
     swept = "/".join(map(str, gpu_suite.PROGRAM_SWEEP[-1]))  # the sweep's rows, told apart from the kernels' own
     assert {r["program"] for r in kernels["rows"]} == {None, swept}
     models = written["models"]
@@ -66,6 +67,7 @@ def test_a_dry_run_reports_every_part_even_when_one_outlives_its_limit(tmp_path)
     assert text == written["markdown"]
     assert "**GPU tests**" in text and "interrupted" in text and "| llama-like | gact 2 bit |" in text
     assert f"| float32 | 2 | {swept} |" in text and "| float32 | 2 | own |" in text
+    assert "triton_op probe: not run: needs a CUDA GPU" in text
     assert all(row["seconds"] > 0 for row in models["rows"] if row["error"] is None)
     own = (tk.ELEMENTS_PER_PROGRAM["narrow"], tk.ELEMENTS_PER_PROGRAM["wide"])
     assert models["program"] == "/".join(map(str, gpu_suite.fastest_program(kernels["rows"], own)))
@@ -95,6 +97,16 @@ def test_the_models_run_at_the_block_sizes_whose_kernels_ran_fastest():
     # nothing to compare: the kernels' own
     own_only = [r for r in rows if r["program"] is None]
     assert gpu_suite.fastest_program(own_only, (16384, 8192)) == (16384, 8192)
+
+
+def test_the_triton_op_probe_reports_what_it_found():
+    from gact_fx.bench.triton_op_probe import probe_markdown
+
+    found = {"status": "ran", "numel": 65536, "bits": 2, "eager_same_blob": True,
+             "inductor_error": "TorchRuntimeError: fake tensor", "host_us": {"Triton launch": 12.0, "gact::quantize": 20.5}}
+    line = probe_markdown(found)[0]
+    assert "eager: same blob" in line and "Inductor: TorchRuntimeError: fake tensor" in line
+    assert "Triton launch 12.0 us, gact::quantize 20.5 us" in line
 
 
 def test_a_part_that_dies_is_reported_with_its_output(tmp_path):

@@ -205,3 +205,24 @@ def test_any_block_size_writes_the_same_blob(dtype):
     with pytest.raises(ValueError, match="power of two of at least 256"):
         with tk.elements_per_program(1000, 256):
             pass
+
+
+def test_a_launch_through_wrap_triton_writes_the_same_blob():
+    """The GPU suite's probe wraps the quantize as a ``torch.library.triton_op``, whose body
+    launches through ``wrap_triton`` (with Triton's default fusion: the kernels do not
+    depend on it). Called eagerly, it must write the plain launch's blob."""
+    from gact_fx.bench.triton_op_probe import _wrapped_quantize
+    from gact_fx.runtime.launches import through_wrap_triton
+
+    x = sample(GROUP * 9 + 7, torch.bfloat16, seed=4)
+    key = noise.key_of(5, 9, device=DEVICE)
+    plain = tk.quantize(x, 2, GROUP, key=key)
+    try:
+        with through_wrap_triton():
+            wrapped = tk.quantize(x, 2, GROUP, key=key)
+    except Exception as error:  # torch 2.9's wrap_triton refuses the interpreter's kernels
+        if ON_GPU:
+            raise
+        pytest.skip(f"wrap_triton does not take interpreted kernels on torch {torch.__version__}: {error}")
+    assert torch.equal(wrapped, plain) and torch.equal(plain, reference_blob(x, 2, GROUP, key))
+    assert torch.equal(_wrapped_quantize()(x, key, 2), tk.quantize(x, 2, 256, key=key))  # (its groups: 256)
