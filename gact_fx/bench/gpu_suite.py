@@ -9,7 +9,8 @@ its results as it goes, so a part that fails or runs out of time costs only itse
 
 1. tests: the GPU tests (``pytest -m gpu`` on ``tests/test_gpu.py`` of the checkout it is run from);
 2. kernels: quantize and dequantize GB/s per width and dtype, against a device copy, eager
-   and replayed in a CUDA graph, then a sweep of the kernels' block sizes;
+   and replayed in a CUDA graph, then a sweep of the kernels' block sizes, then whether the
+   quantize works as a ``torch.library.triton_op`` (``bench.triton_op_probe``);
 3. models: step time, peak memory, activation bytes and predicted max batch of a 0.4B
    Llama-like transformer and ResNet-50 under bf16 autocast: torch.compile against
    gact at 4 and 2 bits and at L2.2 (``bench.gpu_workloads``), with the block sizes the

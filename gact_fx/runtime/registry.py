@@ -95,16 +95,18 @@ class Site:
 
 
 def next_keys(sites: list[Site], device: torch.device, *, fused: bool | None = None) -> torch.Tensor:
-    """``next_key`` of each site (``len(sites) x 2``) in a fixed handful of kernels, where one
-    site at a time took about 28 on a GPU: the states stacked, the keys hashed together, the
-    counters advanced by one fused add (``fused``; by default off the CPU, whose counters
-    are bumped on the host)."""
+    """``next_key`` of each site (``len(sites) x 2``) in about 30 kernels however many sites
+    there are, where one site at a time took about 28 each: the states stacked, the keys
+    hashed together, the counters advanced by one fused add (``fused``; by default off the
+    CPU, whose counters are bumped on the host)."""
     if len({site.slot for site in sites}) < len(sites):  # a site twice: its second key follows its first
         return torch.stack([site.next_key(device) for site in sites])
     states = [site.rng_state(device) for site in sites]
     keys = call_keys(torch.stack(states))
     counted = [(site, state) for site, state in zip(sites, states) if not site.pinned]
-    if fused if fused is not None else device.type != "cpu":
+    if fused is None:
+        fused = device.type != "cpu"
+    if fused and counted:
         _compat.add_one_([state[1:2] for _, state in counted])
     else:
         for site, state in counted:

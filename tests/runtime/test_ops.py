@@ -172,6 +172,7 @@ def test_the_keys_op_gives_each_site_its_next_key_and_advances_each_once(fused):
     assert [site.rng_state(cpu)[1].item() for site in sites] == [3, 3, 0, 3, 3, 3]
     twice = torch.ops.gact.keys([sites[0].slot, sites[0].slot], cpu)
     assert not torch.equal(twice[0], twice[1]) and sites[0].rng_state(cpu)[1].item() == 5
+    assert torch.equal(next_keys([sites[2]], cpu, fused=fused), next_keys([sites[2]], cpu, fused=fused))  # pinned alone
 
 
 def test_the_keys_op_launches_a_fixed_number_of_kernels_whatever_the_sites():
