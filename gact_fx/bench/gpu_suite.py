@@ -180,18 +180,29 @@ def run_part(part: str, out: pathlib.Path, seconds: float, *, device: str, scale
     return result
 
 
+def _row_kind(row: dict) -> str:
+    """Which block size (``triton_kernels.program_kind``) a kernel-table row's op ran at."""
+    from ..runtime.triton_kernels import program_kind
+
+    feature_major = "feature groups" in row["op"]
+    decoding = row["op"].startswith("dequantize")
+    itemsize = 4 if row["dtype"] == "float32" or (decoding and not feature_major) else 2
+    return program_kind(itemsize, row["bits"], feature_major=feature_major)
+
+
 def fastest_program(rows: list[dict], own: tuple[int, int]) -> tuple[int, int]:
     """The elements a program (16-bit inputs, the others) whose kernels ran fastest in the
-    kernels part's ``rows``: for 16-bit inputs from the 16-bit rows, for the others from
-    the fp32 rows, each by the geometric mean of its speed (a CUDA-graph replay's where
-    there is one) over the cells every block size measured. ``own``: the kernels' own
-    sizes, which rows without a ``program`` ran at, and the answer where nothing compares."""
+    kernels part's ``rows``: each size from the rows of the ops that take it (the narrow
+    one: 16-bit quantize and feature-major ops; the wide one: the rest), by the geometric
+    mean of their speed (a CUDA-graph replay's where there is one) over the cells every
+    block size measured. ``own``: the kernels' own sizes, which rows without a ``program``
+    ran at, and the answer where nothing compares."""
     speeds: dict[tuple[str, tuple[int, int]], dict[tuple, float]] = {}
     for row in rows:
         if row["bits"] == "copy" or row.get("lowering", "op") != "op":
             continue
         program = tuple(int(n) for n in row["program"].split("/")) if row.get("program") else own
-        kind = "wide" if row["dtype"] == "float32" else "narrow"
+        kind = _row_kind(row)
         speed = row.get("graph_gbps") or row["gbps"]
         if speed and speed > 0:
             speeds.setdefault((kind, program), {})[(row["dtype"], row["bits"], row["op"])] = speed

@@ -72,8 +72,15 @@ def block_shape(group_size: int, rows_needed: int, itemsize: int, bits: int, *, 
     """The shape for ``rows_needed`` groups (feature-major: features) in all of ``itemsize``-byte
     elements at ``bits``: a program holds no more rows than that (rounded up to a power of
     two), so a small tensor is not padded to a program's worth."""
-    narrow = itemsize == 2 and (bits < 8 or feature_major)
-    return _block_shape(group_size, _next_power_of_2(max(1, rows_needed)), ELEMENTS_PER_PROGRAM["narrow" if narrow else "wide"])
+    size = ELEMENTS_PER_PROGRAM[program_kind(itemsize, bits, feature_major=feature_major)]
+    return _block_shape(group_size, _next_power_of_2(max(1, rows_needed)), size)
+
+
+def program_kind(itemsize: int, bits: int, *, feature_major: bool = False) -> str:
+    """Which of ``ELEMENTS_PER_PROGRAM`` a kernel takes: "narrow" for 16-bit inputs below 8
+    bits or feature-major, else "wide" (the contiguous decode passes ``itemsize`` 4 whatever
+    it writes: it holds fp32 values a thread)."""
+    return "narrow" if itemsize == 2 and (bits < 8 or feature_major) else "wide"
 
 
 @functools.lru_cache(maxsize=1024)
