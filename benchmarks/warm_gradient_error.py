@@ -55,6 +55,8 @@ CONFIGS = {
     "adaptive 2.5, feature groups": {"avg_bits": 2.5, "feature_groups": True, **_PROBE_ALL},
     "adaptive 2.5, feature groups, relative metric": {"avg_bits": 2.5, "feature_groups": True,
                                                       "gradient_metric": "relative", **_PROBE_ALL},
+    "adaptive 2.75, feature groups, relative metric": {"avg_bits": 2.75, "feature_groups": True,
+                                                       "gradient_metric": "relative", **_PROBE_ALL},
     "L2.2": {"level": "L2.2", **_PROBE_ALL},
     "L2.2, feature groups": {"level": "L2.2", "feature_groups": True, **_PROBE_ALL},
     "L2.2, no rebuilt tensors": {"level": "L2.2", "recompute_affine": False, **_PROBE_ALL},

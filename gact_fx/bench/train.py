@@ -57,6 +57,8 @@ METHODS = {
     "adaptive 2.5, feature groups": {"avg_bits": 2.5, "feature_groups": True},
     "adaptive 2.5, feature groups, relative metric": {"avg_bits": 2.5, "feature_groups": True,
                                                       "gradient_metric": "relative"},
+    "adaptive 2.75, feature groups, relative metric": {"avg_bits": 2.75, "feature_groups": True,
+                                                       "gradient_metric": "relative"},
 }  # gact options by level, for benchmarks/convergence.py
 
 
