@@ -26,6 +26,7 @@ CUDA the full suite stops at once with a message that says so.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -185,10 +186,9 @@ def _row_kind(row: dict) -> str:
     """Which block size (``triton_kernels.program_kind``) a kernel-table row's op ran at."""
     from ..runtime.triton_kernels import program_kind
 
-    feature_major = "feature groups" in row["op"]
-    decoding = row["op"].startswith("dequantize")
-    itemsize = 4 if row["dtype"] == "float32" or (decoding and not feature_major) else 2
-    return program_kind(itemsize, row["bits"], feature_major=feature_major)
+    itemsize = 4 if row["dtype"] == "float32" else 2
+    return program_kind(itemsize, row["bits"], feature_major="feature groups" in row["op"],
+                        decoding=row["op"].startswith("dequantize"))
 
 
 def fastest_program(rows: list[dict], own: tuple[int, int]) -> tuple[int, int]:
@@ -294,6 +294,12 @@ def _models_part(out: pathlib.Path, deadline: float, device: str, scale: str, co
     _write_json(out / "part_models.json", result)
 
 
+def _block_sizes(program: tuple[int, int]):
+    from ..runtime.triton_kernels import elements_per_program
+
+    return elements_per_program(*program)
+
+
 def part_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m gact_fx.bench.gpu_suite")
     parser.add_argument("--part", choices=("kernels", "models"), required=True)
@@ -311,13 +317,9 @@ def part_main(argv: list[str]) -> int:
         torch.backends.cudnn.allow_tf32 = True
     if args.part == "kernels":
         _kernels_part(pathlib.Path(args.out), deadline, args.device, args.scale)
-    elif args.program is None:
-        _models_part(pathlib.Path(args.out), deadline, args.device, args.scale, args.compiler, None)
     else:
-        from ..runtime.triton_kernels import elements_per_program
-
-        program = tuple(int(n) for n in args.program.split("/"))
-        with elements_per_program(*program):
+        program = None if args.program is None else tuple(int(n) for n in args.program.split("/"))
+        with contextlib.nullcontext() if program is None else _block_sizes(program):
             _models_part(pathlib.Path(args.out), deadline, args.device, args.scale, args.compiler, program)
     return 0
 

@@ -68,18 +68,21 @@ class Shape:
     warps: int
 
 
-def block_shape(group_size: int, rows_needed: int, itemsize: int, bits: int, *, feature_major: bool = False) -> Shape:
+def block_shape(group_size: int, rows_needed: int, itemsize: int, bits: int, *, feature_major: bool = False,
+                decoding: bool = False) -> Shape:
     """The shape for ``rows_needed`` groups (feature-major: features) in all of ``itemsize``-byte
     elements at ``bits``: a program holds no more rows than that (rounded up to a power of
     two), so a small tensor is not padded to a program's worth."""
-    size = ELEMENTS_PER_PROGRAM[program_kind(itemsize, bits, feature_major=feature_major)]
+    size = ELEMENTS_PER_PROGRAM[program_kind(itemsize, bits, feature_major=feature_major, decoding=decoding)]
     return _block_shape(group_size, _next_power_of_2(max(1, rows_needed)), size)
 
 
-def program_kind(itemsize: int, bits: int, *, feature_major: bool = False) -> str:
-    """Which of ``ELEMENTS_PER_PROGRAM`` a kernel takes: "narrow" for 16-bit inputs below 8
-    bits or feature-major, else "wide" (the contiguous decode passes ``itemsize`` 4 whatever
-    it writes: it holds fp32 values a thread)."""
+def program_kind(itemsize: int, bits: int, *, feature_major: bool = False, decoding: bool = False) -> str:
+    """Which of ``ELEMENTS_PER_PROGRAM`` a kernel takes: "narrow" for 16-bit elements below 8
+    bits or feature-major, else "wide". The contiguous decode takes "wide" whatever it
+    writes: it holds fp32 values a thread (64 elements)."""
+    if decoding and not feature_major:
+        itemsize = 4
     return "narrow" if itemsize == 2 and (bits < 8 or feature_major) else "wide"
 
 
@@ -201,7 +204,7 @@ def dequantize(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: i
     bits = fmt.bits_from_blob_nbytes(blob.numel())
     groups = fmt.num_groups(numel, group_size)
     out = torch.empty(numel, dtype=dtype, device=blob.device)
-    shape = block_shape(group_size, groups, 4, bits)  # decoding holds less a thread: 64 elements
+    shape = block_shape(group_size, groups, out.element_size(), bits, decoding=True)
     with _on_device(blob):
         launch(decode_chunked_kernel, _grid(groups, shape.rows),
                {"blob_ptr": blob, "out_ptr": out, "numel": numel, "num_groups": groups,
