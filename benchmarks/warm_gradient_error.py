@@ -46,6 +46,8 @@ CONFIGS = {
     "uniform 3, feature groups": {"bits": 3, "feature_groups": True},
     "uniform 2, attention floor 4": {"bits": 2, "nonlinear_bits": 4, "feature_groups": False},
     "uniform 4, feature groups": {"bits": 4, "feature_groups": True},
+    "uniform 4, feature groups, attention floor 4": {"bits": 4, "nonlinear_bits": 4, "feature_groups": True},
+    "uniform 3, feature groups, attention floor 4": {"bits": 3, "nonlinear_bits": 4, "feature_groups": True},
     "uniform 2": {"bits": 2, "feature_groups": False},
     "uniform 2, feature groups": {"bits": 2, "feature_groups": True},
     "L2.1": {"level": "L2.1", **_PROBE_ALL},

@@ -47,6 +47,7 @@ METHODS = {
     "L2.1, contiguous groups": {"level": "L2.1", "feature_groups": False},
     "L2.2, contiguous groups": {"level": "L2.2", "feature_groups": False},
     "L1, feature groups": {"level": "L1", "feature_groups": True},
+    "L1, feature groups, attention floor 4": {"level": "L1", "nonlinear_bits": 4, "feature_groups": True},
     "L1.2, feature groups": {"level": "L1.2", "feature_groups": True},
     "L2.2, feature groups": {"level": "L2.2", "feature_groups": True},
     # each parameter's gradient error against its own scale (gradient_metric='relative')
