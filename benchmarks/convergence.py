@@ -93,6 +93,9 @@ def main(argv=None):
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--noise-seed", type=int, metavar="N",
+                        help="draw gact's rounding from seed N (data and weights still follow --seed); each method's "
+                             "row is named with it, so that it merges beside the run at the default seed")
     parser.add_argument("--part", help="write convergence_<task>.PART.json only (merge the parts later)")
     parser.add_argument("--merge", nargs="+", metavar="PART", help="merge these parts into convergence_<task>.json")
     parser.add_argument("--append", action="store_true", help="with --merge: keep the methods already in "
@@ -135,8 +138,11 @@ def main(argv=None):
 
         print(f"{task.name}: {method}", file=sys.stderr, flush=True)
         torch._dynamo.reset()
-        results.append(train(task, method, METHODS[method], steps=args.steps, eval_every=args.eval_every, seed=args.seed,
-                             progress=progress, max_grad_norm=args.clip_grad_norm, warm=start))
+        result = train(task, method, METHODS[method], steps=args.steps, eval_every=args.eval_every, seed=args.seed,
+                       progress=progress, max_grad_norm=args.clip_grad_norm, warm=start, noise_seed=args.noise_seed)
+        if args.noise_seed is not None:
+            result.method = f"{method}, rounding seed {args.noise_seed}"
+        results.append(result)
         if args.part:  # after each method, so that a run stopped early keeps what it finished
             stem.with_suffix(f".{args.part}.json").write_text(
                 json.dumps({"meta": meta, "results": [dataclasses.asdict(r) for r in results]}, indent=1))

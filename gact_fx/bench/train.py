@@ -1,7 +1,8 @@
 """Train a task under one gact configuration and record the curve: the accuracy runner.
 
 Every run starts from the same weights, data order and gact rounding seed; only the
-options differ. A run can also start from a ``WarmStart``: the state fp32 training
+options differ (a run may draw its rounding from another seed, ``noise_seed``, to show
+how far the noise alone moves a result). A run can also start from a ``WarmStart``: the state fp32 training
 reached after some steps (weights, optimizer, schedule, data order), from which each
 method continues as fp32 would have. Evaluation runs under ``torch.no_grad()`` (no
 compression cost).
@@ -117,12 +118,13 @@ def warm_start(task, *, steps: int, then: int, seed: int = 0, max_grad_norm: flo
 
 def train(task, method: str, options: dict | Method, *, steps: int, eval_every: int, seed: int = 0,
           progress=None, compiler: str = "auto", max_grad_norm: float | None = None,
-          warm: WarmStart | None = None) -> TrainResult:
+          warm: WarmStart | None = None, noise_seed: int | None = None) -> TrainResult:
     """``options``: gact options, or a ``bench.methods.Method`` (compiled with ``compiler``).
     ``max_grad_norm``: clip the gradients' total norm to it before each step (as the
     transformers Trainer does by default, at 1.0); the recorded norms are the unclipped ones.
     ``warm``: continue from that fp32 state (made with the same task, seed and clipping)
-    for its ``then`` steps, which must be ``steps``."""
+    for its ``then`` steps, which must be ``steps``. ``noise_seed``: gact's rounding seed
+    (default ``seed``); data, weights and order still follow ``seed``."""
     if warm is not None and warm.then != steps:
         raise ValueError(f"the warm start was made for {warm.then} more steps, not {steps}")
     schedule_steps = warm.steps + steps if warm is not None else steps
@@ -130,9 +132,9 @@ def train(task, method: str, options: dict | Method, *, steps: int, eval_every: 
         with options.patches():
             gact = dict(options.gact) if options.gact is not None else {"enabled": False}
             return _Run(task, method, options.backend(compiler), gact, seed, max_grad_norm, schedule_steps=schedule_steps,
-                        warm=warm).go(steps, eval_every, progress)
+                        warm=warm, noise_seed=noise_seed).go(steps, eval_every, progress)
     return _Run(task, method, gact_fx.backend(**options), dict(options), seed, max_grad_norm,
-                schedule_steps=schedule_steps, warm=warm).go(steps, eval_every, progress)
+                schedule_steps=schedule_steps, warm=warm, noise_seed=noise_seed).go(steps, eval_every, progress)
 
 
 class _Run:
@@ -140,9 +142,9 @@ class _Run:
     order it owns, and its result. From a warm start, its steps count on from the start's."""
 
     def __init__(self, task, method, backend, options, seed, max_grad_norm, *, schedule_steps: int,
-                 warm: WarmStart | None = None):
+                 warm: WarmStart | None = None, noise_seed: int | None = None):
         torch.manual_seed(seed)
-        gact_fx.manual_seed(seed)
+        gact_fx.manual_seed(seed if noise_seed is None else noise_seed)
         self.task, self.method, self.backend, self.options = task, method, backend, options
         self.max_grad_norm = max_grad_norm
         self.model = task.model()

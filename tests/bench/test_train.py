@@ -89,3 +89,12 @@ def test_a_warm_start_made_for_other_steps_is_refused():
     task = NoisyMlpTask()
     with pytest.raises(ValueError, match="warm start was made for 4 more steps, not 5"):
         train(task, "fp32", {"enabled": False}, steps=5, eval_every=1, warm=warm_start(task, steps=1, then=4))
+
+
+def test_the_rounding_seed_moves_only_the_rounding():
+    task = NoisyMlpTask()
+    runs = {noise: train(task, "2 bit", {"bits": 2}, steps=2, eval_every=1, noise_seed=noise) for noise in (None, 0, 5)}
+    assert runs[0].grad_norms == runs[None].grad_norms  # the default rounding seed is the run's seed
+    assert runs[5].grad_norms[0] != pytest.approx(runs[0].grad_norms[0], rel=1e-6)
+    exact = train(task, "fp32", {"enabled": False}, steps=1, eval_every=1, noise_seed=5)
+    assert exact.grad_norms == train(task, "fp32", {"enabled": False}, steps=1, eval_every=1).grad_norms
