@@ -116,6 +116,11 @@ TABLE_FILES = {
                             "2026-11-27) found the kernels at 15-61% of a device copy where this model bounds "
                             "100%: the instruction count is not what holds them back. Read the warps an SM "
                             "holds beside it."),
+    "static_kernels_block_sizes.json": ("GPU kernels, static: the size of a program",
+                                        "`python benchmarks/static_kernels.py --block-sizes 2048 4096 8192 16384`: "
+                                        "the quantize and dequantize kernels at 2 and 4 bits, compiled at each size. "
+                                        "Smaller programs take fewer registers, so an SM holds more of them, and pay "
+                                        "their fixed instructions over fewer elements."),
 }
 
 

@@ -155,6 +155,37 @@ def static_table(arch: int = 90, *, dtypes=DTYPES, widths=WIDTHS, jobs: int | No
         return list(pool.map(_compile, items))
 
 
+def block_size_table(sizes, arch: int = 90, *, dtypes=DTYPES, widths=WIDTHS,
+                     jobs: int | None = None) -> list[Variant]:
+    """``static_table`` at each of ``sizes`` elements a program (both kinds of
+    ``ELEMENTS_PER_PROGRAM``), less the mask kernels, whose size is their own."""
+    from ..runtime.triton_kernels import elements_per_program
+
+    rows = []
+    for size in sizes:
+        with elements_per_program(size, size):
+            rows += [r for r in static_table(arch, dtypes=dtypes, widths=widths, jobs=jobs) if "mask" not in r.kernel]
+    return rows
+
+
+def block_size_markdown(rows: list[Variant], arch: int = 90) -> str:
+    """What a program's size trades: registers (so warps an SM holds) against the fixed
+    instructions each program pays."""
+    lines = [f"Compiled for sm_{arch}, groups of {GROUP}; each kernel at several sizes of a program (elements); "
+             "instructions per element on the plain path; warps / SM from the registers (of 64). A static "
+             "model: the GPU suite's sweep of the same sizes measures which is fastest.\n",
+             "| kernel | dtype | bits | elements a program | registers | warps / SM | instructions / element | budget |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    order = sorted(rows, key=lambda r: (r.kernel, r.dtype, str(r.bits), r.elements_per_program))
+    for r in order:
+        if r.sass is None:
+            lines.append(f"| {r.kernel} | {r.dtype} | {r.bits} | {r.elements_per_program} | {r.error[:80]} | | | |")
+            continue
+        lines.append(f"| {r.kernel} | {r.dtype} | {r.bits} | {r.elements_per_program} | {r.sass.registers} | "
+                     f"{r.resident_warps} | {r.instructions_per_element:.1f} | {r.budget:.0f} |")
+    return "\n".join(lines)
+
+
 def static_markdown(rows: list[Variant], arch: int = 90) -> str:
     lines = [f"Compiled for sm_{arch}, groups of {GROUP}, read with cuobjdump; instructions per element on the "
              "plain path (quantize) against the memory-speed budget (11 x bytes moved); the share of copy "

@@ -71,3 +71,19 @@ def test_every_variant_fits_the_memory_speed_budget(variants):
         if row["instructions_per_element"] > budget:
             over.append(f"{row['kernel']} {row['dtype']} {row['bits']} bits: {row['instructions_per_element']:.1f} > {budget:.0f}")
     assert not over, "\n".join(over)
+
+
+def test_the_size_of_a_program_reaches_every_launch_the_block_size_table_compiles():
+    import torch
+
+    from gact_fx.bench.static_kernels import _elements, _record
+    from gact_fx.runtime.triton_kernels import ELEMENTS_PER_PROGRAM, elements_per_program
+
+    default = dict(ELEMENTS_PER_PROGRAM)
+    for size in (2048, 4096):
+        with elements_per_program(size, size):
+            launches = _record((torch.bfloat16, torch.float32), (2, 8))
+        kernels = {what for what, _, _ in launches.values() if "mask" not in what}
+        assert len(kernels) == 4
+        assert {_elements(launch) for launch, (what, _, _) in launches.items() if "mask" not in what} == {size}
+    assert ELEMENTS_PER_PROGRAM == default
