@@ -7,7 +7,9 @@ each a process of its own with a hard time limit (``BUDGET``); at its limit a pa
 interrupted (SIGINT, so pytest still writes its report), then killed. Each part writes
 its results as it goes, so a part that fails or runs out of time costs only itself:
 
-1. tests: the GPU tests (``pytest -m gpu`` on ``tests/test_gpu.py`` of the checkout it is run from);
+1. tests: the GPU tests (``pytest -m gpu`` on ``tests/test_gpu.py`` of the checkout it is run from),
+   as several pytest processes at once, each a shard of the tests (``bench.pytest_shards``):
+   their time is mostly compiling, on one CPU core each;
 2. kernels: quantize and dequantize GB/s per width and dtype, against a device copy, eager
    and replayed in a CUDA graph, then whether the quantize works as a
    ``torch.library.triton_op`` (``bench.triton_op_probe``), then a sweep of the kernels'
@@ -26,6 +28,7 @@ CUDA the full suite stops at once with a message that says so.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import json
 import logging
@@ -53,6 +56,8 @@ PLAN = (("llama-like", "torch.compile"), ("llama-like", "gact 2 bit"), ("llama-l
         ("resnet50", "torch.compile"), ("resnet50", "gact 2 bit"), ("resnet50", "gact 4 bit"),
         ("llama-like", "gact L2.2 (adaptive 2)"), ("resnet50", "gact L2.2 (adaptive 2)"))
 GPU_TESTS = ["-m", "gpu"]
+TEST_SHARDS = 6  # pytest processes at once in the tests part, where the cores allow (two each)
+NO_TESTS_COLLECTED = 5  # pytest's exit code, for a shard left with no test
 GPU_TEST_FILE = "test_gpu.py"  # collecting the whole suite would import every integration first
 # The kernels part's sweep of block sizes (elements a program: 16-bit inputs / the others), after
 # the kernels' own: fewer elements a program take fewer registers, so more programs share an SM.
@@ -90,11 +95,12 @@ def _hear_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def run_limited(command: list[str], seconds: float, *, cwd: pathlib.Path | None = None) -> dict:
+def run_limited(command: list[str], seconds: float, *, cwd: pathlib.Path | None = None,
+                env: dict[str, str] | None = None) -> dict:
     """Run ``command``; at ``seconds`` interrupt it (SIGINT), and kill it if it is still alive
     ``INTERRUPT_GRACE`` later. Returns how it ended and its output's last lines."""
     started = time.monotonic()
-    process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                preexec_fn=_hear_sigint if os.name == "posix" else None)
     ended = "finished"
     try:
@@ -119,24 +125,54 @@ def tests_directory() -> pathlib.Path | None:
     return candidate if (candidate / "conftest.py").exists() else None
 
 
-def run_tests(out: pathlib.Path, seconds: float, selection: list[str] | None = None) -> dict:
-    """pytest on the GPU tests (or ``selection``), its junit report read back even if interrupted."""
-    report = out / "gpu_tests.xml"
-    report.unlink(missing_ok=True)
+def default_test_shards() -> int:
+    """How many pytest processes the tests part runs at once here: two cores each, at most ``TEST_SHARDS``."""
+    return max(1, min(TEST_SHARDS, (os.cpu_count() or 1) // 2))
+
+
+def run_tests(out: pathlib.Path, seconds: float, selection: list[str] | None = None, shards: int = 1) -> dict:
+    """pytest on the GPU tests (or ``selection``) in ``shards`` processes at once, each under
+    the same limit; their junit reports read back and added up, even if interrupted."""
+    for stale in out.glob("gpu_tests*.xml"):
+        stale.unlink()
     if selection is None:
         tests = tests_directory()
         if tests is None:
             return {"status": "not run: no tests/ in the working directory (run the suite from a checkout)"}
         selection = [*GPU_TESTS, str(tests / GPU_TEST_FILE)]
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *selection]
-    log.info("gpu suite: %s", " ".join(command))
-    ran = run_limited(command, seconds)
-    summary = junit_summary(report) if report.exists() else {}
-    if ran["ended"] != "finished":
-        status = ran["ended"]
+    from .pytest_shards import VARIABLE
+
+    reports = [out / ("gpu_tests.xml" if shards == 1 else f"gpu_tests.{index}.xml") for index in range(shards)]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "gact_fx.bench.pytest_shards"]
+    jobs = [([*command, f"--junitxml={report}", *selection],
+             {**os.environ, VARIABLE: f"{index}/{shards}"} if shards > 1 else None)
+            for index, report in enumerate(reports)]
+    log.info("gpu suite: %s (%d shards)", " ".join(jobs[0][0]), shards)
+    with concurrent.futures.ThreadPoolExecutor(shards) as pool:
+        runs = list(pool.map(lambda job: run_limited(job[0], seconds, env=job[1]), jobs))
+    summary = _added([junit_summary(report) for report in reports if report.exists()])
+    codes = [ran["returncode"] for ran in runs]
+    unfinished = [ran["ended"] for ran in runs if ran["ended"] != "finished"]
+    failing = [code for code in codes if code not in (0, NO_TESTS_COLLECTED)]
+    if unfinished:
+        status = unfinished[0]
+    elif failing or 0 not in codes:
+        status = f"pytest exit code {(failing or codes)[0]}"
     else:
-        status = "passed" if ran["returncode"] == 0 else f"pytest exit code {ran['returncode']}"
-    return {"status": status, "seconds": ran["seconds"], **summary, "output_tail": ran["output_tail"][-3:]}
+        status = "passed"
+    shown = next((ran for ran in runs if ran["returncode"] not in (0, NO_TESTS_COLLECTED)), runs[0])
+    return {"status": status, "seconds": max(ran["seconds"] for ran in runs), "shards": shards, **summary,
+            "output_tail": shown["output_tail"][-3:]}
+
+
+def _added(summaries: list[dict]) -> dict:
+    """Shards' junit summaries as one: counts added, failures and report errors listed."""
+    if not summaries:
+        return {}
+    total: dict = {key: sum(s.get(key, 0) for s in summaries) for key in ("passed", "failed", "skipped", "interrupted")}
+    total["failures"] = [failure for s in summaries for failure in s.get("failures", [])]
+    errors = [s["report_error"] for s in summaries if "report_error" in s]
+    return total | ({"report_error": "; ".join(errors)} if errors else {})
 
 
 def junit_summary(path: pathlib.Path) -> dict:
@@ -328,8 +364,11 @@ def part_main(argv: list[str]) -> int:
 
 
 def run(out: pathlib.Path, *, device: str = "cuda", scale: str = "full", parts=PARTS, compiler: str = "inductor",
-        budget: dict[str, float] | None = None, test_selection: list[str] | None = None) -> dict:
-    """Run the parts one after another; returns what it wrote to ``out/gpu_suite.json``."""
+        budget: dict[str, float] | None = None, test_selection: list[str] | None = None,
+        test_shards: int | None = None) -> dict:
+    """Run the parts one after another; returns what it wrote to ``out/gpu_suite.json``.
+    ``test_shards``: pytest processes at once in the tests part (default: ``default_test_shards``
+    on CUDA, one on the CPU)."""
     from .metadata import metadata
 
     if device == "cuda":
@@ -348,7 +387,8 @@ def run(out: pathlib.Path, *, device: str = "cuda", scale: str = "full", parts=P
     for part in parts:
         log.info("gpu suite: %s (limit %.0f s)", part, budget[part])
         if part == "tests":
-            result["tests"] = run_tests(out, budget[part], test_selection)
+            shards = test_shards or (default_test_shards() if device == "cuda" else 1)
+            result["tests"] = run_tests(out, budget[part], test_selection, shards)
         else:
             program = _program_for_models(result) if part == "models" else None
             result[part] = run_part(part, out, budget[part], device=device, scale=scale, compiler=compiler,
@@ -447,8 +487,9 @@ def summary_markdown(result: dict) -> str:
     tests = result.get("tests")
     if tests is not None:
         counts = ", ".join(f"{tests[k]} {k}" for k in ("passed", "failed", "skipped", "interrupted") if tests.get(k))
+        processes = f", {tests['shards']} processes at once" if tests.get("shards", 1) > 1 else ""
         lines.append(f"**GPU tests** (`pytest -m gpu`): {tests.get('status')}; {counts or 'no report'} "
-                     f"({tests.get('seconds', '?')} s)")
+                     f"({tests.get('seconds', '?')} s{processes})")
         lines += [f"- failed: {failure}" for failure in tests.get("failures", [])]
         lines.append("")
     if "kernels" in result:

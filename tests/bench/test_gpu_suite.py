@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from gact_fx.bench import gpu_suite
+from gact_fx.bench import gpu_suite, pytest_shards
 from gact_fx.runtime import triton_kernels as tk
 from gact_fx.cli import main as cli
 
@@ -21,6 +21,41 @@ def test_quick():
 def test_outlives_its_limit():
     time.sleep(120)
 """
+
+QUICK_TESTS = """
+import pytest
+
+@pytest.mark.parametrize("n", range(5))
+def test_quick(n):
+    pass
+
+def test_fails():
+    assert False, "on purpose"
+"""
+
+
+def test_the_tests_part_in_shards_runs_every_test_once_and_adds_up_their_reports(tmp_path):
+    tests = tmp_path / "quick" / "test_quick.py"
+    tests.parent.mkdir()
+    tests.write_text(QUICK_TESTS)
+    selection = [str(tests), "--rootdir", str(tests.parent)]
+    sharded = gpu_suite.run_tests(tmp_path, 60, selection, shards=3)
+    assert (sharded["passed"], sharded["failed"], sharded["shards"]) == (5, 1, 3)
+    assert sharded["status"] == "pytest exit code 1"
+    assert sharded["failures"] == ["test_fails: AssertionError: on purpose"]
+    assert sorted(p.name for p in tmp_path.glob("gpu_tests*.xml")) == [f"gpu_tests.{i}.xml" for i in range(3)]
+    whole = gpu_suite.run_tests(tmp_path, 60, [*selection, "-k", "not fails"])  # one process; earlier reports removed
+    assert (whole["passed"], whole["failed"], whole["status"]) == (5, 0, "passed")
+    assert [p.name for p in tmp_path.glob("gpu_tests*.xml")] == ["gpu_tests.xml"]
+    spare = gpu_suite.run_tests(tmp_path, 60, [*selection, "-k", "not fails"], shards=6)  # a shard with no test is no failure
+    assert (spare["passed"], spare["status"]) == (5, "passed")
+
+
+def test_a_shard_is_named_i_of_k():
+    assert pytest_shards.parse("2/6") == (2, 6)
+    for wrong in ("6/6", "1", "a/b", "-1/2"):
+        with pytest.raises(ValueError, match="GACT_TEST_SHARD"):
+            pytest_shards.parse(wrong)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible: the suite would run")
