@@ -59,6 +59,16 @@ CONFIGS = {
                                                       "gradient_metric": "relative", **_PROBE_ALL},
     "adaptive 2.75, feature groups, relative metric": {"avg_bits": 2.75, "feature_groups": True,
                                                        "gradient_metric": "relative", **_PROBE_ALL},
+    "adaptive 3.25, feature groups, relative metric, attention floor 4": {
+        "avg_bits": 3.25, "feature_groups": True, "gradient_metric": "relative", "nonlinear_bits": 4, **_PROBE_ALL},
+    "adaptive 3.375, feature groups, relative metric, attention floor 4": {
+        "avg_bits": 3.375, "feature_groups": True, "gradient_metric": "relative", "nonlinear_bits": 4, **_PROBE_ALL},
+    "adaptive 3.5, feature groups, relative metric, attention floor 4": {
+        "avg_bits": 3.5, "feature_groups": True, "gradient_metric": "relative", "nonlinear_bits": 4, **_PROBE_ALL},
+    "adaptive 3.75, feature groups, relative metric, attention floor 4": {
+        "avg_bits": 3.75, "feature_groups": True, "gradient_metric": "relative", "nonlinear_bits": 4, **_PROBE_ALL},
+    "adaptive 3.75, feature groups, attention floor 4": {
+        "avg_bits": 3.75, "feature_groups": True, "nonlinear_bits": 4, **_PROBE_ALL},
     "L2.2": {"level": "L2.2", **_PROBE_ALL},
     "L2.2, feature groups": {"level": "L2.2", "feature_groups": True, **_PROBE_ALL},
     "L2.2, no rebuilt tensors": {"level": "L2.2", "recompute_affine": False, **_PROBE_ALL},

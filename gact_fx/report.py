@@ -402,9 +402,28 @@ def _ratio(before: int, after: int) -> str:
     return f"{before / after:.1f}x smaller" if after else "n/a"
 
 
+# Below this many bits the rounding of a tensor the backward reads through an exponential
+# biases the gradient measurably (``tests/test_low_bits.py``): ``CoreConfig.nonlinear_bits``'s default.
+UNBIASED_EXPONENTIAL_BITS = 8
+
+
+def biased_exponentials(record: GraphRecord) -> list[CompressionRecord]:
+    """The graph's tensors read through an exponential that are, or may be set (adaptive bits
+    above their floor), stored below ``UNBIASED_EXPONENTIAL_BITS``."""
+    return [c for c in record.compressions if c.use == "exponential" and c.is_float
+            and (c.floor if c.bits == RUNTIME_BITS else c.bits) < UNBIASED_EXPONENTIAL_BITS]
+
+
 def log_record(record: GraphRecord) -> None:
     report = Report([record])
     log.info(report.summary_of(record))
+    biased = biased_exponentials(record)
+    if biased:
+        log.warning(
+            "gact: graph %d may store %d tensors the backward reads through an exponential (%s) below %d bits "
+            "(nonlinear_bits or overrides): their rounding biases the gradient, which the default floor of %d "
+            "bits keeps near the averaging floor", record.index, len(biased), ", ".join(c.label for c in biased[:3])
+            + (", ..." if len(biased) > 3 else ""), UNBIASED_EXPONENTIAL_BITS, UNBIASED_EXPONENTIAL_BITS)
     if log.isEnabledFor(logging.DEBUG):
         log.debug("\n%s", report.table())
 

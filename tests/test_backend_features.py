@@ -246,3 +246,21 @@ def test_the_aten_lowering_refuses_what_it_cannot_do():
         gact_fx.backend(lowering="aten", compiler="eager")
     with pytest.raises(ValueError, match="needs bits fixed at compile time"):
         gact_fx.backend(lowering="aten", avg_bits=2)
+
+
+@pytest.mark.parametrize("options, warned", [({"bits": 4}, False), ({"bits": 4, "nonlinear_bits": 4}, True),
+                                             ({"bits": 4, "overrides": {"*": 4}}, True),
+                                             ({"avg_bits": 3, "nonlinear_bits": 4}, True), ({"avg_bits": 3}, False)])
+def test_query_and_key_below_8_bits_are_stored_with_a_warning(caplog, options, warned):
+    from gact_fx.bench.tasks import CharGPT
+
+    model, tokens = CharGPT(dim=64, layers=1, heads=2, context=64), torch.randint(0, 256, (4, 64))
+    backend = gact_fx.backend(min_numel=0, **options)
+    with caplog.at_level(logging.WARNING, logger="gact_fx"):
+        torch.compile(model, backend=backend)(tokens).sum().backward()
+    exponential = [r for r in backend.report().rows if r.use == "exponential" and r.dtype != "bool"]
+    assert exponential  # attention's query and key
+    message = [m for m in caplog.messages if "reads through an exponential" in m]
+    assert bool(message) == warned, caplog.messages
+    if warned:
+        assert "biases the gradient" in message[0] and "below 8 bits" in message[0]
