@@ -10,7 +10,8 @@ its results as it goes, so a part that fails or runs out of time costs only itse
 1. tests: the GPU tests (``pytest -m gpu`` on ``tests/test_gpu.py`` of the checkout it is run from),
    as several pytest processes at once, each a shard of the tests (``bench.pytest_shards``):
    their time is mostly compiling, on one CPU core each;
-2. kernels: quantize and dequantize GB/s per width and dtype, against a device copy, eager
+2. kernels: every kernel variant the part launches compiled ahead, in parallel
+   (``runtime.warm_cache``); then quantize and dequantize GB/s per width and dtype, against a device copy, eager
    and replayed in a CUDA graph, then whether the quantize works as a
    ``torch.library.triton_op`` (``bench.triton_op_probe``), then a sweep of the kernels'
    block sizes;
@@ -276,11 +277,15 @@ def _kernels_part(out: pathlib.Path, deadline: float, device: str, scale: str) -
                for program in (PROGRAM_SWEEP if full else PROGRAM_SWEEP[-1:])]
     tables.append(dict(dtypes=(torch.float16,) if full else (torch.bfloat16,), widths=(2, 4, 8, 3, 1)))
     result = {"numel": numel, "repeats": repeats, "rows": []}
+    if device == "cuda":
+        result["precompile"] = _precompile(tables)
+        _write_json(out / "part_kernels.json", result)
 
     def progress(row: dict) -> None:
         result["rows"].append(row)
         _write_json(out / "part_kernels.json", result)
 
+    cached = _triton_cache_entries()
     for index, table in enumerate(tables):
         if time.monotonic() > deadline:
             break
@@ -289,8 +294,37 @@ def _kernels_part(out: pathlib.Path, deadline: float, device: str, scale: str) -
             _write_json(out / "part_kernels.json", result)
         kernel_table(device, numel, repeats, lowerings=("op",), progress=progress,
                      stop=lambda: time.monotonic() > deadline, **table)
+    if "precompile" in result and cached is not None:  # compiled while timing: what the cache did not hold
+        result["precompile"]["compiled_later"] = _triton_cache_entries() - cached
     result["complete"] = time.monotonic() <= deadline
     _write_json(out / "part_kernels.json", result)
+
+
+def _precompile(tables: list[dict]) -> dict:
+    """Compile every variant the kernel tables launch (at their block sizes), in parallel
+    through the launcher's own path (``runtime.warm_cache``)."""
+    from ..runtime.warm_cache import warm
+    from .static_kernels import record_launches
+
+    launches: dict = {}
+    for table in tables:
+        program = table.get("program")
+        with contextlib.nullcontext() if program is None else _block_sizes(program):
+            launches.update(record_launches(table["dtypes"], table["widths"]))
+    workers = max(1, (os.cpu_count() or 2) - 1)
+    log.info("gpu suite: compiling %d kernel variants on %d processes", len(launches), workers)
+    return warm(list(launches), workers)
+
+
+def _triton_cache_entries() -> int | None:
+    """Entries in Triton's on-disk cache (one a compiled kernel), or None where it cannot be read."""
+    try:
+        from triton import knobs
+
+        directory = pathlib.Path(knobs.cache.dir)
+    except (ImportError, AttributeError):
+        directory = pathlib.Path(os.environ.get("TRITON_CACHE_DIR", pathlib.Path.home() / ".triton" / "cache"))
+    return sum(1 for _ in directory.iterdir()) if directory.is_dir() else None
 
 
 def _models_part(out: pathlib.Path, deadline: float, device: str, scale: str, compiler: str,
@@ -447,6 +481,13 @@ def kernels_markdown(kernels: dict) -> list[str]:
         lines.append(f"| {dtype} | {bits} | {program or 'own'} | {q[0]} | {q[1]} | {q[2]} | {dq[0]} | {dq[1]} | {dq[2]} "
                      f"| {fq[1]} | {fq[2]} | {fdq[1]} | {fdq[2]} |")
     lines.append("Device copy: " + ", ".join(f"{dtype} {gbps:.0f} GB/s" for dtype, gbps in copies.items()))
+    ahead = kernels.get("precompile")
+    if ahead:
+        later = ahead.get("compiled_later")
+        lines.append(f"Compiled ahead: {ahead['launches']} kernel variants in {ahead['seconds']} s on {ahead['workers']} "
+                     f"processes ({ahead['failed']} failed)" + ("" if later is None else
+                                                                f"; compiled while timing: {later}"))
+        lines += [f"- failed: {failure}" for failure in ahead.get("failures", [])]
     if "triton_op" in kernels:
         from .triton_op_probe import probe_markdown
 

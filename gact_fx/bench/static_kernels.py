@@ -84,7 +84,7 @@ class Variant:
         return None if per is None else min(1.0, self.budget / per)
 
 
-def _record(dtypes=DTYPES, widths=WIDTHS) -> dict[Launch, tuple[str, str, int | str]]:
+def record_launches(dtypes=DTYPES, widths=WIDTHS) -> dict[Launch, tuple[str, str, int | str]]:
     """The launches of every variant, with (what it is, dtype, bits), recorded without running."""
     from ..runtime import triton_kernels as tk
 
@@ -150,7 +150,7 @@ def static_table(arch: int = 90, *, dtypes=DTYPES, widths=WIDTHS, jobs: int | No
     """Compile and read every variant (in a process without ``TRITON_INTERPRET``)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("the static kernel report compiles for a GPU: unset TRITON_INTERPRET")
-    items = [(launch, what, arch) for launch, what in _record(dtypes, widths).items()]
+    items = [(launch, what, arch) for launch, what in record_launches(dtypes, widths).items()]
     with concurrent.futures.ProcessPoolExecutor(max(1, jobs or os.cpu_count() or 1)) as pool:
         return list(pool.map(_compile, items))
 

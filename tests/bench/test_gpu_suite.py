@@ -51,6 +51,14 @@ def test_the_tests_part_in_shards_runs_every_test_once_and_adds_up_their_reports
     assert (spare["passed"], spare["status"]) == (5, "passed")
 
 
+def test_the_kernel_table_says_what_was_compiled_ahead_and_what_still_compiled_while_timing():
+    kernels = {"rows": [], "precompile": {"launches": 95, "failed": 1, "failures": ["decode: boom"], "workers": 15,
+                                          "seconds": 31.5, "compiled_later": 2}}
+    text = "\n".join(gpu_suite.kernels_markdown(kernels))
+    assert "Compiled ahead: 95 kernel variants in 31.5 s on 15 processes (1 failed); compiled while timing: 2" in text
+    assert "- failed: decode: boom" in text
+
+
 def test_a_shard_is_named_i_of_k():
     assert pytest_shards.parse("2/6") == (2, 6)
     for wrong in ("6/6", "1", "a/b", "-1/2"):
@@ -86,6 +94,7 @@ def test_a_dry_run_reports_every_part_even_when_one_outlives_its_limit(tmp_path)
         ("float32", bits, op) for bits in (1, 2, 3, 4, 8) for op in ("quantize", "dequantize")}
     assert all(r["gbps"] > 0 for r in kernels["rows"])
     assert kernels["triton_op"] == {"status": "not run: needs a CUDA GPU"}
+    assert "precompile" not in kernels  # the interpreter's kernels do not compile
     swept = "/".join(map(str, gpu_suite.PROGRAM_SWEEP[-1]))  # the sweep's rows, told apart from the kernels' own
     assert {r["program"] for r in kernels["rows"]} == {None, swept}
     models = written["models"]

@@ -76,14 +76,68 @@ def test_every_variant_fits_the_memory_speed_budget(variants):
 def test_the_size_of_a_program_reaches_every_launch_the_block_size_table_compiles():
     import torch
 
-    from gact_fx.bench.static_kernels import _elements, _record
+    from gact_fx.bench.static_kernels import _elements, record_launches
     from gact_fx.runtime.triton_kernels import ELEMENTS_PER_PROGRAM, elements_per_program
 
     default = dict(ELEMENTS_PER_PROGRAM)
     for size in (2048, 4096):
         with elements_per_program(size, size):
-            launches = _record((torch.bfloat16, torch.float32), (2, 8))
+            launches = record_launches((torch.bfloat16, torch.float32), (2, 8))
         kernels = {what for what, _, _ in launches.values() if "mask" not in what}
         assert len(kernels) == 4
         assert {_elements(launch) for launch, (what, _, _) in launches.items() if "mask" not in what} == {size}
     assert ELEMENTS_PER_PROGRAM == default
+
+
+WARM_CACHE_SCRIPT = r"""
+import os, pathlib, torch
+from triton.backends.compiler import GPUTarget
+from triton.runtime import driver
+
+class H100:  # the launcher's view of a GPU, on a machine without one: enough to compile, never to run
+    def get_current_device(self): return 0
+    def get_current_stream(self, device=None): return 0
+    def get_current_target(self): return GPUTarget("cuda", 90, 32)
+    def get_active_torch_device(self): return torch.device("cpu")
+
+driver.set_active(H100())
+
+from gact_fx.bench.static_kernels import record_launches
+from gact_fx.runtime import warm_cache
+from gact_fx.runtime.compile_check import kernel_function
+from gact_fx.runtime.launches import TRITON_TYPES
+
+torch_types = {name: dtype for dtype, name in TRITON_TYPES.items()}
+cache = pathlib.Path(os.environ["TRITON_CACHE_DIR"])
+
+def launched(launch):
+    # the launcher's own path, on real tensors: whatever it finds in the cache it does not compile again
+    arguments = warm_cache.stand_in_arguments(launch)
+    for name, kind in launch.signature:
+        if kind.startswith("*"):
+            tensor = torch.zeros(64, dtype=torch_types[kind[1:]])
+            arguments[name] = tensor if name in launch.divisible else tensor[1:]
+    function = kernel_function(launch)
+    function.device_caches.clear()  # no kernel kept in memory: the disk cache or a compile
+    before = sum(1 for _ in cache.rglob("*"))
+    function.warmup(**arguments, grid=(1,), num_warps=launch.num_warps, enable_fp_fusion=launch.fp_fusion)
+    return sum(1 for _ in cache.rglob("*")) - before
+
+launches = list(record_launches((torch.bfloat16,), (2,)))  # quantize and dequantize, contiguous and feature-major
+report = warm_cache.warm(launches[:2], workers=1)
+assert (report["launches"], report["failed"]) == (2, 0), report
+print([launched(launch) for launch in launches[:3]])
+"""
+
+
+def test_a_launch_warmed_ahead_is_not_compiled_again(tmp_path):
+    """``runtime.warm_cache`` compiles under the launcher's own cache key: the kernel a real
+    launch then asks for is found on disk (no new cache entry), where an unwarmed one is compiled."""
+    if triton.__version__ != pinned_triton():
+        pytest.skip(f"checked on the pinned Triton {pinned_triton()}, not {triton.__version__}")
+    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", WARM_CACHE_SCRIPT], capture_output=True, text=True, env=environment,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    new_entries = json.loads(done.stdout.strip().splitlines()[-1])
+    assert new_entries[:2] == [0, 0] and new_entries[2] > 0, new_entries
