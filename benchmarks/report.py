@@ -105,6 +105,19 @@ TABLE_FILES = {
                                                "As above, `--task charlm-bert`, the adaptive levels with feature groups "
                                                "between L2.1 and L2.2 (each tensor probed once, then frozen), with the "
                                                "absolute and the relative gradient metric, beside uniform 4 and 3 bits."),
+    "warm_gradient_error_floor4_bert.json": ("Gradient error against the minibatch's noise: attention's floor at 4 bits on the masked LM",
+                                             "As above, `--task charlm-bert`: attention's query and key at 4 bits "
+                                             "(`nonlinear_bits=4`) where the default keeps them at 8, uniform and "
+                                             "adaptive (each tensor probed once, then frozen), and the rotation on top "
+                                             "of feature groups. Query and key at 4 bits bias the gradient (the next "
+                                             "table), so these rows are a bound on bytes, not candidates."),
+    "warm_gradient_error_bias_bert.json": ("Gradient bias: attention's query and key at 4 bits on the masked LM",
+                                           "`benchmarks/warm_gradient_error.py --task charlm-bert --configs 'uniform 4, "
+                                           "feature groups' 'uniform 4, feature groups, attention floor 4' --draws 64`: "
+                                           "as above with 64 draws, so that the mean's error resolves a bias of a few "
+                                           "percent of the gradient: unbiased, it stays near 1x the averaging floor. "
+                                           "Then the adaptive levels likewise: their loss on the masked LM is not "
+                                           "a bias."),
     "feature_groups_error.json": ("Gradient error: groups along features where the innermost dimension is not one",
                                   "`benchmarks/feature_groups_error.py --name feature_groups_error`: one draw's "
                                   "gradient error at init with `feature_groups` on and off, on the CNNs, the MLP and "
