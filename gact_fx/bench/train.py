@@ -2,9 +2,9 @@
 
 Every run starts from the same weights, data order and gact rounding seed; only the
 options differ (a run may draw its rounding from another seed, ``noise_seed``, to show
-how far the noise alone moves a result). A run can also start from a ``WarmStart``: the state fp32 training
-reached after some steps (weights, optimizer, schedule, data order), from which each
-method continues as fp32 would have. Evaluation runs under ``torch.no_grad()`` (no
+how far the noise alone moves a result). A run can also start from a ``WarmStart``: the
+state fp32 training reached after some steps (weights, optimizer, schedule, data order),
+from which each method continues as fp32 would have. Evaluation runs under ``torch.no_grad()`` (no
 compression cost).
 """
 

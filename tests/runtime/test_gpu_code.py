@@ -141,3 +141,21 @@ def test_a_launch_warmed_ahead_is_not_compiled_again(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     new_entries = json.loads(done.stdout.strip().splitlines()[-1])
     assert new_entries[:2] == [0, 0] and new_entries[2] > 0, new_entries
+
+
+def test_warming_in_a_pool_reports_each_launch_it_could_not_compile(tmp_path):
+    """The pool's plumbing: launches travel to spawned workers and each failure comes back
+    named. Here (no GPU, so no driver in the workers) every launch fails."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the workers would compile")
+    script = ("import torch, json\nfrom gact_fx.bench.static_kernels import record_launches\n"
+              "from gact_fx.runtime.warm_cache import warm\n"
+              "print(json.dumps(warm(list(record_launches((torch.float32,), (2,)))[:2], workers=2)))\n")
+    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=environment, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (report["launches"], report["failed"], report["workers"]) == (2, 2, 2)
+    assert all(failure.startswith(("encode_", "decode_")) for failure in report["failures"]), report
