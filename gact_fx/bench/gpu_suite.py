@@ -277,8 +277,8 @@ def _kernels_part(out: pathlib.Path, deadline: float, device: str, scale: str) -
                for program in (PROGRAM_SWEEP if full else PROGRAM_SWEEP[-1:])]
     tables.append(dict(dtypes=(torch.float16,) if full else (torch.bfloat16,), widths=(2, 4, 8, 3, 1)))
     result = {"numel": numel, "repeats": repeats, "rows": []}
-    if device == "cuda":
-        result["precompile"] = _precompile(tables)
+    if device == "cuda":  # at most half the part: the rest compiles at first launch, as before
+        result["precompile"] = _precompile(tables, limit_s=(deadline - time.monotonic()) / 2)
         _write_json(out / "part_kernels.json", result)
 
     def progress(row: dict) -> None:
@@ -300,7 +300,7 @@ def _kernels_part(out: pathlib.Path, deadline: float, device: str, scale: str) -
     _write_json(out / "part_kernels.json", result)
 
 
-def _precompile(tables: list[dict]) -> dict:
+def _precompile(tables: list[dict], limit_s: float) -> dict:
     """Compile every variant the kernel tables launch (at their block sizes), in parallel
     through the launcher's own path (``runtime.warm_cache``)."""
     from ..runtime.warm_cache import warm
@@ -313,7 +313,7 @@ def _precompile(tables: list[dict]) -> dict:
             launches.update(record_launches(table["dtypes"], table["widths"]))
     workers = max(1, (os.cpu_count() or 2) - 1)
     log.info("gpu suite: compiling %d kernel variants on %d processes", len(launches), workers)
-    return warm(list(launches), workers)
+    return warm(list(launches), workers, limit_s)
 
 
 def _triton_cache_entries() -> int | None:
@@ -485,8 +485,8 @@ def kernels_markdown(kernels: dict) -> list[str]:
     if ahead:
         later = ahead.get("compiled_later")
         lines.append(f"Compiled ahead: {ahead['launches']} kernel variants in {ahead['seconds']} s on {ahead['workers']} "
-                     f"processes ({ahead['failed']} failed)" + ("" if later is None else
-                                                                f"; compiled while timing: {later}"))
+                     f"processes ({ahead['failed']} failed, {ahead.get('unfinished', 0)} unfinished at its limit)"
+                     + ("" if later is None else f"; compiled while timing: {later}"))
         lines += [f"- failed: {failure}" for failure in ahead.get("failures", [])]
     if "triton_op" in kernels:
         from .triton_op_probe import probe_markdown

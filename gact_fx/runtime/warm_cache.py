@@ -79,17 +79,30 @@ def warm_one(launch: Launch) -> str | None:
     return None
 
 
-def warm(launches: Sequence[Launch], workers: int) -> dict:
+def warm(launches: Sequence[Launch], workers: int, limit_s: float | None = None) -> dict:
     """Compile ``launches`` in ``workers`` spawned processes (one: in this one); returns how
-    many, in how long, and the failures."""
+    many, in how long, and the failures. After ``limit_s`` seconds it stops waiting: what
+    has not started is dropped, what is compiling finishes in the background (into the
+    cache all the same), and both count as unfinished."""
     started = time.monotonic()
     launches = list(dict.fromkeys(launches))
+    unfinished = 0
     if workers <= 1:
-        errors = [warm_one(launch) for launch in launches]
+        errors = []
+        for launch in launches:
+            if limit_s is not None and time.monotonic() - started > limit_s:
+                unfinished = len(launches) - len(errors)
+                break
+            errors.append(warm_one(launch))
     else:
-        context = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-            errors = list(pool.map(warm_one, launches))
+        pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+        try:
+            futures = [pool.submit(warm_one, launch) for launch in launches]
+            done, pending = concurrent.futures.wait(futures, timeout=limit_s)
+            errors = [future.result() for future in futures if future in done]
+            unfinished = len(pending)
+        finally:
+            pool.shutdown(wait=not unfinished, cancel_futures=True)
     failures = [error for error in errors if error is not None]
-    return {"launches": len(launches), "failed": len(failures), "failures": failures[:5], "workers": max(1, workers),
-            "seconds": round(time.monotonic() - started, 1)}
+    return {"launches": len(launches), "failed": len(failures), "failures": failures[:5], "unfinished": unfinished,
+            "workers": max(1, workers), "seconds": round(time.monotonic() - started, 1)}

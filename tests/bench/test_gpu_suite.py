@@ -52,10 +52,11 @@ def test_the_tests_part_in_shards_runs_every_test_once_and_adds_up_their_reports
 
 
 def test_the_kernel_table_says_what_was_compiled_ahead_and_what_still_compiled_while_timing():
-    kernels = {"rows": [], "precompile": {"launches": 95, "failed": 1, "failures": ["decode: boom"], "workers": 15,
-                                          "seconds": 31.5, "compiled_later": 2}}
+    kernels = {"rows": [], "precompile": {"launches": 95, "failed": 1, "failures": ["decode: boom"], "unfinished": 3,
+                                          "workers": 15, "seconds": 31.5, "compiled_later": 2}}
     text = "\n".join(gpu_suite.kernels_markdown(kernels))
-    assert "Compiled ahead: 95 kernel variants in 31.5 s on 15 processes (1 failed); compiled while timing: 2" in text
+    assert ("Compiled ahead: 95 kernel variants in 31.5 s on 15 processes (1 failed, 3 unfinished at its limit); "
+            "compiled while timing: 2") in text
     assert "- failed: decode: boom" in text
 
 

@@ -157,5 +157,16 @@ def test_warming_in_a_pool_reports_each_launch_it_could_not_compile(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=environment, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert (report["launches"], report["failed"], report["workers"]) == (2, 2, 2)
+    assert (report["launches"], report["failed"], report["unfinished"], report["workers"]) == (2, 2, 0, 2)
     assert all(failure.startswith(("encode_", "decode_")) for failure in report["failures"]), report
+
+
+def test_warming_stops_at_its_limit_and_counts_what_it_left():
+    import torch
+
+    from gact_fx.bench.static_kernels import record_launches
+    from gact_fx.runtime.warm_cache import warm
+
+    launches = list(record_launches((torch.float32,), (2,)))
+    report = warm(launches, workers=1, limit_s=0.0)  # past its limit before the first compile
+    assert (report["launches"], report["unfinished"], report["failed"]) == (len(launches), len(launches), 0)
