@@ -111,6 +111,10 @@ TABLE_FILES = {
                                              "adaptive (each tensor probed once, then frozen), and the rotation on top "
                                              "of feature groups. Query and key at 4 bits bias the gradient (the next "
                                              "table), so these rows are a bound on bytes, not candidates."),
+    "warm_gradient_error_groups_bert.json": ("Gradient error against the minibatch's noise: group sizes with feature groups on the masked LM",
+                                             "As above, `--task charlm-bert --group-sizes 64 128 256 512`: 3 and 4 bits "
+                                             "grouped along features at each group size (tokens of one feature a group). "
+                                             "No point near 10x comes near 4 bits' error at 256."),
     "warm_gradient_error_bias_bert.json": ("Gradient bias: attention's query and key at 4 bits on the masked LM",
                                            "`benchmarks/warm_gradient_error.py --task charlm-bert --configs 'uniform 4, "
                                            "feature groups' 'uniform 4, feature groups, attention floor 4' --draws 64`: "
