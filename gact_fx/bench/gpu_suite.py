@@ -11,8 +11,8 @@ its results as it goes, so a part that fails or runs out of time costs only itse
    as several pytest processes at once, each a shard of the tests (``bench.pytest_shards``):
    their time is mostly compiling, on one CPU core each;
 2. kernels: every kernel variant the part launches compiled ahead, in parallel
-   (``runtime.warm_cache``); then quantize and dequantize GB/s per width and dtype, against a device copy, eager
-   and replayed in a CUDA graph, then whether the quantize works as a
+   (``runtime.warm_cache``); then quantize and dequantize GB/s per width and dtype, against a
+   device copy, eager and replayed in a CUDA graph, then whether the quantize works as a
    ``torch.library.triton_op`` (``bench.triton_op_probe``), then a sweep of the kernels'
    block sizes;
 3. models: step time, peak memory, activation bytes and predicted max batch of a 0.4B
@@ -484,9 +484,11 @@ def kernels_markdown(kernels: dict) -> list[str]:
     ahead = kernels.get("precompile")
     if ahead:
         later = ahead.get("compiled_later")
-        lines.append(f"Compiled ahead: {ahead['launches']} kernel variants in {ahead['seconds']} s on {ahead['workers']} "
-                     f"processes ({ahead['failed']} failed, {ahead.get('unfinished', 0)} unfinished at its limit)"
-                     + ("" if later is None else f"; compiled while timing: {later}"))
+        lines.append(f"Compiled ahead: {ahead['launches']} kernel variants in {ahead['seconds']} s on "
+                     f"{ahead['workers']} processes ({ahead['failed']} failed, {ahead.get('unfinished', 0)} "
+                     "unfinished at its limit)"
+                     + ("" if later is None else f"; Triton compiles while timing, the triton_op probe's included: "
+                                                 f"{later}"))
         lines += [f"- failed: {failure}" for failure in ahead.get("failures", [])]
     if "triton_op" in kernels:
         from .triton_op_probe import probe_markdown

@@ -56,7 +56,7 @@ def test_the_kernel_table_says_what_was_compiled_ahead_and_what_still_compiled_w
                                           "workers": 15, "seconds": 31.5, "compiled_later": 2}}
     text = "\n".join(gpu_suite.kernels_markdown(kernels))
     assert ("Compiled ahead: 95 kernel variants in 31.5 s on 15 processes (1 failed, 3 unfinished at its limit); "
-            "compiled while timing: 2") in text
+            "Triton compiles while timing, the triton_op probe's included: 2") in text
     assert "- failed: decode: boom" in text
 
 
