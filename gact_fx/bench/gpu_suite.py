@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import contextlib
 import json
 import logging
 import math
@@ -304,12 +303,12 @@ def _precompile(tables: list[dict], limit_s: float) -> dict:
     """Compile every variant the kernel tables launch (at their block sizes), in parallel
     through the launcher's own path (``runtime.warm_cache``)."""
     from ..runtime.warm_cache import warm
+    from .kernels import at_program
     from .static_kernels import record_launches
 
     launches: dict = {}
     for table in tables:
-        program = table.get("program")
-        with contextlib.nullcontext() if program is None else _block_sizes(program):
+        with at_program(table.get("program")):
             launches.update(record_launches(table["dtypes"], table["widths"]))
     workers = max(1, (os.cpu_count() or 2) - 1)
     log.info("gpu suite: compiling %d kernel variants on %d processes", len(launches), workers)
@@ -364,12 +363,6 @@ def _models_part(out: pathlib.Path, deadline: float, device: str, scale: str, co
     _write_json(out / "part_models.json", result)
 
 
-def _block_sizes(program: tuple[int, int]):
-    from ..runtime.triton_kernels import elements_per_program
-
-    return elements_per_program(*program)
-
-
 def part_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m gact_fx.bench.gpu_suite")
     parser.add_argument("--part", choices=("kernels", "models"), required=True)
@@ -388,8 +381,10 @@ def part_main(argv: list[str]) -> int:
     if args.part == "kernels":
         _kernels_part(pathlib.Path(args.out), deadline, args.device, args.scale)
     else:
+        from .kernels import at_program
+
         program = None if args.program is None else tuple(int(n) for n in args.program.split("/"))
-        with contextlib.nullcontext() if program is None else _block_sizes(program):
+        with at_program(program):
             _models_part(pathlib.Path(args.out), deadline, args.device, args.scale, args.compiler, program)
     return 0
 

@@ -78,14 +78,19 @@ def kernel_table(device: str, numel: int, repeats: int, *, dtypes=DTYPES, widths
     ends the table early (what it measured so far is returned). ``program``: the Triton
     kernels' elements a program (16-bit inputs, the others) instead of their own, recorded
     in each row (``"program"``: ``"16384/8192"``; ``None`` for the kernels' own)."""
-    if program is None:
-        block_size, label = contextlib.nullcontext(), None
-    else:
-        from ..runtime.triton_kernels import elements_per_program
-
-        block_size, label = elements_per_program(*program), "/".join(map(str, program))
-    with block_size:
+    label = None if program is None else "/".join(map(str, program))
+    with at_program(program):
         return _kernel_table(device, numel, repeats, dtypes, widths, lowerings, progress, stop, label)
+
+
+def at_program(program: tuple[int, int] | None):
+    """A block inside which the Triton kernels take ``program`` elements a program (16-bit
+    inputs, the others); None: their own."""
+    if program is None:
+        return contextlib.nullcontext()
+    from ..runtime.triton_kernels import elements_per_program
+
+    return elements_per_program(*program)
 
 
 def _kernel_table(device, numel, repeats, dtypes, widths, lowerings, progress, stop, program) -> list[dict]:
