@@ -18,6 +18,12 @@ from benchmarks._results import RESULTS  # noqa: E402
 
 # Each script's result file that carries a ready table: its section's title and note.
 TABLE_FILES = {
+    "gpu_step_profile.json": ("GPU step profile: where gact's step time goes",
+                              "`benchmarks/gpu_step_profile.py`: the GPU suite's Llama-like step under the CUDA "
+                              "profiler, gact at 2 bits against torch.compile; the profiler's tables are in "
+                              "`benchmarks/results/gpu_step_profile/`."),
+    "gpu_suite_first.json": ("GPU suite: the first run", "`gact-fx bench --gpu-suite` on the first lent H100, "
+                             "commit f6bae9e."),
     "gradient_variance.json": ("Gradient variance: uniform against adaptive bits",
                                "Relative variance E||g - g_exact||^2 / ||g_exact||^2 over rounding seeds."),
     "adaptive_overhead.json": ("Cost of adaptive bits", "A probe step against a normal step, amortised over the interval."),

@@ -1,0 +1,152 @@
+"""Where a training step's time goes on a GPU: gact against torch.compile on the GPU suite's
+Llama-like model, under the CUDA profiler.
+
+    python benchmarks/gpu_step_profile.py --out DIR [--program 4096/4096] [--seconds 340]
+        [--plan resnet50:"gact 2 bit" ...]
+
+For each method (``--methods``): the median of 8 steps at ``--program`` elements a Triton
+program (16-bit inputs/the others) and, for gact, at the kernels' own sizes in the same
+process; then three steps under ``torch.profiler``: device time a step (every kernel's own
+time, added up), host time a step (every op's own CPU time, added up), and kernel launches a
+step, with the profiler's tables (by device time, by host time) written to DIR. A step whose
+host time exceeds its device time waits on the CPU: its Python and launches, not its kernels.
+Then, with the time left, the GPU suite's models part runs ``--plan``'s (model, method) rows,
+at ``--program`` too.
+Writes DIR/gpu_step_profile.json with a Markdown table. Needs CUDA; ``--device cpu`` runs the
+same code small (tiny models), as its test does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _median_step_ms(runner, inputs, device: str, steps: int = 8) -> float:
+    times = []
+    for _ in range(steps):
+        _sync(device)
+        started = time.perf_counter()
+        runner.step(inputs)
+        _sync(device)
+        times.append(time.perf_counter() - started)
+    return 1e3 * statistics.median(times)
+
+
+def _profiled(runner, inputs, device: str, out: pathlib.Path, stem: str, steps: int = 3) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as profiler:
+        for _ in range(steps):
+            runner.step(inputs)
+        _sync(device)
+    events = profiler.key_averages()
+    key = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
+    (out / f"{stem}_by_device_time.txt").write_text(events.table(sort_by=key, row_limit=40, max_name_column_width=70))
+    (out / f"{stem}_by_host_time.txt").write_text(
+        events.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=70))
+    kernels = [e for e in events if getattr(e, key) > 0 and e.device_type.name == "CUDA"]
+    return {"device_ms": sum(getattr(e, key) for e in kernels) / (1e3 * steps),
+            "host_ms": sum(e.self_cpu_time_total for e in events) / (1e3 * steps),
+            "launches": sum(e.count for e in kernels) / steps}
+
+
+def profile_methods(device: str, methods: list[str], program: tuple[int, int], out: pathlib.Path) -> tuple[int, dict]:
+    """(the batch, each method's row)."""
+    from gact_fx.bench.gpu_workloads import _Runner, workloads
+    from gact_fx.bench.kernels import at_program
+    from gact_fx.bench.methods import ALL
+
+    workload = {w.name: w for w in workloads(device, "full" if device == "cuda" else "tiny")}["llama-like"]
+    torch.manual_seed(0)
+    base = workload.build()
+    inputs = workload.batch(workload.default_batch)
+    rows = {}
+    for name in methods:
+        method = ALL[name]
+        with method.patches(), at_program(program):
+            runner = _Runner(workload, method, base, device, "inductor")
+            for _ in range(3):
+                runner.step(inputs)
+            row = {"step_ms": _median_step_ms(runner, inputs, device)}
+            if name != "torch.compile":
+                with at_program(None):
+                    row["step_ms_own_program"] = _median_step_ms(runner, inputs, device)
+            row.update(_profiled(runner, inputs, device, out, "profile_" + name.replace(" ", "_")))
+            rows[name] = row
+        del runner
+        torch._dynamo.reset()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return workload.default_batch, rows
+
+
+def markdown(result: dict) -> str:
+    program = result["program"]
+    lines = [f"The Llama-like model of the GPU suite, batch {result.get('batch', '?')}, bf16 autocast. Steps at "
+             f"{program} elements a program (16-bit inputs/the others), and for gact also at the kernels' own "
+             "(16384/8192) in the same process; device and host time a step from the profiler (three steps).\n",
+             f"| method | step ms at {program} | step ms at own | device ms a step | host ms a step "
+             "| kernel launches a step |", "| --- | --- | --- | --- | --- | --- |"]
+    for name, row in result["profile"].items():
+        own = row.get("step_ms_own_program")
+        lines.append(f"| {name} | {row['step_ms']:.1f} | {'-' if own is None else f'{own:.1f}'} | "
+                     f"{row['device_ms']:.1f} | {row['host_ms']:.1f} | {row['launches']:.0f} |")
+    models = result.get("models", {}).get("rows")
+    if models:
+        from gact_fx.bench.gpu_suite import models_markdown
+
+        lines += ["", "The GPU suite's models part, for these rows:\n", *models_markdown(result["models"])[1:]]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--methods", nargs="+", default=["torch.compile", "gact 2 bit"])
+    parser.add_argument("--program", default="4096/4096", help="elements a program, 16-bit inputs/the others")
+    parser.add_argument("--plan", nargs="*", default=[], help="model:method rows of the models part, after the profile")
+    parser.add_argument("--seconds", type=float, default=340.0, help="when the models rows stop starting")
+    args = parser.parse_args()
+    deadline = time.monotonic() + args.seconds
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True  # as the GPU suite trains
+        torch.backends.cudnn.allow_tf32 = True
+    from gact_fx.bench import gpu_suite
+    from gact_fx.bench.kernels import at_program
+    from gact_fx.bench.metadata import metadata
+
+    program = tuple(int(n) for n in args.program.split("/"))
+    result = {"meta": metadata(args.device), "program": args.program}
+    result["meta"]["command"] = "python benchmarks/gpu_step_profile.py " + " ".join(sys.argv[1:])
+    result["batch"], result["profile"] = profile_methods(args.device, args.methods, program, out)
+    if args.plan:  # at --program too
+        gpu_suite.PLAN = tuple(tuple(entry.split(":", 1)) for entry in args.plan)
+        with at_program(program):
+            gpu_suite._models_part(out, deadline, args.device, "full" if args.device == "cuda" else "tiny",
+                                   "inductor", program)
+        result["models"] = json.loads((out / "part_models.json").read_text())
+    result["markdown"] = markdown(result)
+    (out / "gpu_step_profile.json").write_text(json.dumps(result, indent=1))
+    print(result["markdown"])
+
+
+if __name__ == "__main__":
+    main()
