@@ -46,23 +46,15 @@ def _median_step_ms(runner, inputs, device: str, steps: int = 8) -> float:
     return 1e3 * statistics.median(times)
 
 
-def _profiled(runner, inputs, device: str, out: pathlib.Path, stem: str, steps: int = 3) -> dict:
-    from torch.profiler import ProfilerActivity, profile
+def _profiled(runner, inputs, device: str, out: pathlib.Path, stem: str) -> dict:
+    from gact_fx.bench.gpu_workloads import profiled_step
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    with profile(activities=activities) as profiler:
-        for _ in range(steps):
-            runner.step(inputs)
-        _sync(device)
-    events = profiler.key_averages()
+    device_ms, host_ms, launches, events = profiled_step(lambda: runner.step(inputs), device)
     key = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
     (out / f"{stem}_by_device_time.txt").write_text(events.table(sort_by=key, row_limit=40, max_name_column_width=70))
     (out / f"{stem}_by_host_time.txt").write_text(
         events.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=70))
-    kernels = [e for e in events if getattr(e, key) > 0 and e.device_type.name == "CUDA"]
-    return {"device_ms": sum(getattr(e, key) for e in kernels) / (1e3 * steps),
-            "host_ms": sum(e.self_cpu_time_total for e in events) / (1e3 * steps),
-            "launches": sum(e.count for e in kernels) / steps}
+    return {"device_ms": device_ms, "host_ms": host_ms, "launches": launches}
 
 
 def profile_methods(device: str, methods: list[str], program: tuple[int, int], out: pathlib.Path) -> tuple[int, dict]:
@@ -104,8 +96,9 @@ def markdown(result: dict) -> str:
              "| kernel launches a step |", "| --- | --- | --- | --- | --- | --- |"]
     for name, row in result["profile"].items():
         own = row.get("step_ms_own_program")
+        device_ms = row["device_ms"]
         lines.append(f"| {name} | {row['step_ms']:.1f} | {'-' if own is None else f'{own:.1f}'} | "
-                     f"{row['device_ms']:.1f} | {row['host_ms']:.1f} | {row['launches']:.0f} |")
+                     f"{'-' if device_ms is None else f'{device_ms:.1f}'} | {row['host_ms']:.1f} | {row['launches']:.0f} |")
     models = result.get("models", {}).get("rows")
     if models:
         from gact_fx.bench.gpu_suite import models_markdown

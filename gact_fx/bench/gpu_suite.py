@@ -15,8 +15,9 @@ its results as it goes, so a part that fails or runs out of time costs only itse
    device copy, eager and replayed in a CUDA graph, then whether the quantize works as a
    ``torch.library.triton_op`` (``bench.triton_op_probe``), then a sweep of the kernels'
    block sizes;
-3. models: step time, peak memory, activation bytes and predicted max batch of a 0.4B
-   Llama-like transformer and ResNet-50 under bf16 autocast: torch.compile against
+3. models: step time (and its device and host time under the profiler), peak memory,
+   activation bytes and predicted max batch of a 0.4B Llama-like transformer and
+   ResNet-50 under bf16 autocast: torch.compile against
    gact at 2 and 4 bits and at L2.2 (``bench.gpu_workloads``), at the kernels' own block
    sizes: what training runs. (On an H100 the Llama-like step ran slower at the block sizes
    the sweep found fastest on its large tensors; the kernels part names those,
@@ -286,7 +287,7 @@ def _kernels_part(out: pathlib.Path, deadline: float, device: str, scale: str) -
         result["rows"].append(row)
         _write_json(out / "part_kernels.json", result)
 
-    cached = _triton_cache_entries()
+    cached = _triton_kernels_cached()
     for index, table in enumerate(tables):
         if time.monotonic() > deadline:
             break
@@ -296,7 +297,7 @@ def _kernels_part(out: pathlib.Path, deadline: float, device: str, scale: str) -
         kernel_table(device, numel, repeats, lowerings=("op",), progress=progress,
                      stop=lambda: time.monotonic() > deadline, **table)
     if "precompile" in result and cached is not None:  # compiled while timing: what the cache did not hold
-        result["precompile"]["compiled_later"] = _triton_cache_entries() - cached
+        result["precompile"]["compiled_later"] = _triton_kernels_cached() - cached
     result["complete"] = time.monotonic() <= deadline
     _write_json(out / "part_kernels.json", result)
 
@@ -317,15 +318,19 @@ def _precompile(tables: list[dict], limit_s: float) -> dict:
     return warm(list(launches), workers, limit_s)
 
 
-def _triton_cache_entries() -> int | None:
-    """Entries in Triton's on-disk cache (one a compiled kernel), or None where it cannot be read."""
-    try:
-        from triton import knobs
+def _triton_kernels_cached(directory: pathlib.Path | None = None) -> int | None:
+    """Compiled kernels in Triton's on-disk cache (its entries holding a ``.cubin``: the cache
+    also keeps launcher stubs and other files), or None where it cannot be read."""
+    if directory is None:
+        try:
+            from triton import knobs
 
-        directory = pathlib.Path(knobs.cache.dir)
-    except (ImportError, AttributeError):
-        directory = pathlib.Path(os.environ.get("TRITON_CACHE_DIR", pathlib.Path.home() / ".triton" / "cache"))
-    return sum(1 for _ in directory.iterdir()) if directory.is_dir() else None
+            directory = pathlib.Path(knobs.cache.dir)
+        except (ImportError, AttributeError):
+            directory = pathlib.Path(os.environ.get("TRITON_CACHE_DIR", pathlib.Path.home() / ".triton" / "cache"))
+    if not directory.is_dir():
+        return None
+    return sum(1 for entry in directory.iterdir() if entry.is_dir() and any(entry.glob("*.cubin")))
 
 
 def _models_part(out: pathlib.Path, deadline: float, device: str, scale: str, compiler: str,
@@ -475,8 +480,8 @@ def kernels_markdown(kernels: dict) -> list[str]:
         lines.append(f"Compiled ahead: {ahead['launches']} kernel variants in {ahead['seconds']} s on "
                      f"{ahead['workers']} processes ({ahead['failed']} failed, {ahead.get('unfinished', 0)} "
                      "unfinished at its limit)"
-                     + ("" if later is None else f"; Triton compiles while timing, the triton_op probe's included: "
-                                                 f"{later}"))
+                     + ("" if later is None else f"; kernels Triton still compiled while timing, the triton_op "
+                                                 f"probe's included: {later}"))
         lines += [f"- failed: {failure}" for failure in ahead.get("failures", [])]
     if "triton_op" in kernels:
         from .triton_op_probe import probe_markdown
@@ -490,14 +495,15 @@ def models_markdown(models: dict) -> list[str]:
     base = {r["model"]: r for r in rows if r["method"] == "torch.compile" and r["error"] is None}
     program = models.get("program")
     blocks = f" The kernels ran at {program} elements a program (16-bit inputs/the others)." if program else ""
-    lines = [f"bf16 autocast, each layer or block compiled on its own.{blocks} Part {models.get('ended', '?')} "
+    lines = [f"bf16 autocast, each layer or block compiled on its own.{blocks} Device and host ms: a step's kernels "
+             f"and its ops' own CPU time under the profiler (host above device: the GPU waits on the CPU). Part {models.get('ended', '?')} "
              f"({models.get('seconds', '?')} s).\n",
-             "| model | method | batch | compile s | step ms | vs torch.compile | peak MiB | activations MiB | "
-             "vs torch.compile | predicted max batch |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| model | method | batch | compile s | step ms | vs torch.compile | device ms | host ms | peak MiB "
+             "| activations MiB | vs torch.compile | predicted max batch |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         if r["error"] is not None:
-            lines.append(f"| {r['model']} | {r['method']} | {r['batch']} | {r['error']} | | | | | | |")
+            lines.append(f"| {r['model']} | {r['method']} | {r['batch']} | {r['error']} | | | | | | | | |")
             continue
         b = base.get(r["model"])
         step = f"{r['step_ms'] / b['step_ms']:.2f}x" if b and b["step_ms"] else "-"
@@ -505,7 +511,8 @@ def models_markdown(models: dict) -> list[str]:
         if b and r["activation_mib"] and r is not b:
             held = f"{b['activation_mib'] / r['activation_mib']:.1f}x less"
         lines.append(f"| {r['model']} | {r['method']} | {r['batch']} | {_number(r['compile_s'])} | "
-                     f"{_number(r['step_ms'])} | {step} | {_number(r['peak_mib'], 0)} | {_number(r['activation_mib'])} | "
+                     f"{_number(r['step_ms'])} | {step} | {_number(r.get('device_ms'))} | {_number(r.get('host_ms'))} | "
+                     f"{_number(r['peak_mib'], 0)} | {_number(r['activation_mib'])} | "
                      f"{held} | {r['predicted_max_batch'] or '-'} |")
     return lines
 

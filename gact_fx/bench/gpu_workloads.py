@@ -6,7 +6,8 @@ under bf16 autocast. Each decoder layer (bottleneck block) is compiled on its ow
 torchtitan compiles regions, so that a method compiles one graph per distinct layer,
 whatever the depth and the batch.
 
-Per row: the first step's seconds (it compiles), the median step after warm-up, the
+Per row: the first step's seconds (it compiles), the median step after warm-up, a step's
+device and host time under the profiler (host above device: the GPU waits on the CPU), the
 peak memory of a step (``torch.cuda.max_memory_allocated``, weights included), the
 activation bytes held for the backward (saved-tensor hooks at the batch and at twice
 it: the difference is what grows with the batch, which leaves out the bf16 copies of
@@ -100,6 +101,8 @@ class Row:
     peak_mib: float | None = None  # max allocated during a step, weights included
     activation_mib: float | None = None  # held for the backward, growing with the batch
     predicted_max_batch: int | None = None  # linear in the batch, from the step peaks at two batches
+    device_ms: float | None = None  # a step's kernels, added up (the profiler; CUDA only)
+    host_ms: float | None = None  # a step's ops' own CPU time, added up (the profiler): above device_ms, the GPU waits
     error: str | None = None
     seconds: float | None = None  # the whole measurement's, compiles included: what the suite's budget pays
 
@@ -174,6 +177,25 @@ def _timed_steps(runner: _Runner, inputs, steps: int, deadline: float) -> tuple[
     return compile_s, 1e3 * statistics.median(times)
 
 
+def profiled_step(step: Callable[[], None], device: str, steps: int = 3):
+    """``(device ms, host ms, kernel launches)`` a step, from ``steps`` steps under
+    ``torch.profiler``, and its averaged events (for tables). Host time is every op's own
+    CPU time, added up, with the profiler's overhead in it; device time is None off CUDA."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device == "cuda"
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as profiler:
+        for _ in range(steps):
+            step()
+        _sync(device)
+    events = profiler.key_averages()
+    key = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
+    kernels = [e for e in events if e.device_type.name == "CUDA" and getattr(e, key) > 0]
+    device_ms = sum(getattr(e, key) for e in kernels) / (1e3 * steps) if cuda else None
+    host_ms = sum(e.self_cpu_time_total for e in events) / (1e3 * steps)
+    return device_ms, host_ms, sum(e.count for e in kernels) / steps, events
+
+
 def measure(workload: GpuWorkload, method: Method, base: nn.Module, *, device: str, compiler: str, steps: int,
             deadline: float) -> Row:
     batch = workload.default_batch
@@ -183,7 +205,9 @@ def measure(workload: GpuWorkload, method: Method, base: nn.Module, *, device: s
         with method.patches(), torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT,
                                                           fail_on_recompile_limit_hit=True):
             runner = _Runner(workload, method, base, device, compiler)
-            row.compile_s, row.step_ms = _timed_steps(runner, workload.batch(batch), steps, deadline)
+            inputs = workload.batch(batch)
+            row.compile_s, row.step_ms = _timed_steps(runner, inputs, steps, deadline)
+            row.device_ms, row.host_ms, _, _ = profiled_step(lambda: runner.step(inputs), device)
             row.activation_mib = (runner.held_bytes(2 * batch) - runner.held_bytes(batch)) / 2**20
             if device == "cuda":
                 peak, double_peak = runner.step_peak(batch), runner.step_peak(2 * batch)

@@ -56,8 +56,17 @@ def test_the_kernel_table_says_what_was_compiled_ahead_and_what_still_compiled_w
                                           "workers": 15, "seconds": 31.5, "compiled_later": 2}}
     text = "\n".join(gpu_suite.kernels_markdown(kernels))
     assert ("Compiled ahead: 95 kernel variants in 31.5 s on 15 processes (1 failed, 3 unfinished at its limit); "
-            "Triton compiles while timing, the triton_op probe's included: 2") in text
+            "kernels Triton still compiled while timing, the triton_op probe's included: 2") in text
     assert "- failed: decode: boom" in text
+
+
+def test_compiled_kernels_are_counted_in_tritons_cache_and_its_other_entries_are_not(tmp_path):
+    for name, files in {"a": ["k.cubin", "k.json"], "b": ["k.cubin"], "launcher": ["__triton_launcher.so"]}.items():
+        (tmp_path / name).mkdir()
+        for file in files:
+            (tmp_path / name / file).write_text("")
+    assert gpu_suite._triton_kernels_cached(tmp_path) == 2
+    assert gpu_suite._triton_kernels_cached(tmp_path / "absent") is None
 
 
 def test_a_shard_is_named_i_of_k():
@@ -105,6 +114,7 @@ def test_a_dry_run_reports_every_part_even_when_one_outlives_its_limit(tmp_path)
     for method in gpu_suite.METHODS:
         row = rows["llama-like", method]
         assert row["error"] is None and row["step_ms"] > 0 and row["compile_s"] > 0 and row["activation_mib"] > 0, row
+        assert row["host_ms"] > 0 and row["device_ms"] is None  # the profiler's step: no kernels off CUDA
     assert rows["llama-like", "gact 2 bit"]["activation_mib"] < 0.5 * rows["llama-like", "torch.compile"]["activation_mib"]
     resnet = rows["resnet50", "gact 2 bit"]  # torchvision: on the GPU machine; here it may be absent
     assert resnet["error"] is None or "torchvision" in resnet["error"]
