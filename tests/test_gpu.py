@@ -68,8 +68,8 @@ def test_a_group_size_that_is_not_a_power_of_two_and_a_small_tensor():
 def deterministic():
     """Inductor picks among its reduction kernels' configurations by timing them, so two
     compiles of one graph may sum in different orders; deterministic mode picks without
-    timing (on an H100 the block's 32-bit gradients differed in 23 of 49984 elements, by
-    up to 2.5e-6, without it, and not at all with it)."""
+    timing (on an H100 the block's 32-bit gradients differed by an ulp here and there
+    without it: BENCHMARKS.md, "GPU suite")."""
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         yield

@@ -434,6 +434,9 @@ def run(out: pathlib.Path, *, device: str = "cuda", scale: str = "full", parts=P
     return result
 
 
+# -- the summary --------------------------------------------------------------------------------
+
+
 def _number(value, digits: int = 1) -> str:
     if value is None:
         return "-"
@@ -496,8 +499,8 @@ def models_markdown(models: dict) -> list[str]:
     program = models.get("program")
     blocks = f" The kernels ran at {program} elements a program (16-bit inputs/the others)." if program else ""
     lines = [f"bf16 autocast, each layer or block compiled on its own.{blocks} Device and host ms: a step's kernels "
-             f"and its ops' own CPU time under the profiler (host above device: the GPU waits on the CPU). Part {models.get('ended', '?')} "
-             f"({models.get('seconds', '?')} s).\n",
+             "and its ops' own CPU time under the profiler (host above device: the GPU waits on the CPU). Part "
+             f"{models.get('ended', '?')} ({models.get('seconds', '?')} s).\n",
              "| model | method | batch | compile s | step ms | vs torch.compile | device ms | host ms | peak MiB "
              "| activations MiB | vs torch.compile | predicted max batch |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
