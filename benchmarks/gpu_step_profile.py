@@ -88,10 +88,13 @@ def profile_methods(device: str, methods: list[str], program: tuple[int, int], o
 
 
 def markdown(result: dict) -> str:
+    from gact_fx.runtime.triton_kernels import ELEMENTS_PER_PROGRAM
+
     program = result["program"]
+    own = f"{ELEMENTS_PER_PROGRAM['narrow']}/{ELEMENTS_PER_PROGRAM['wide']}"
     lines = [f"The Llama-like model of the GPU suite, batch {result.get('batch', '?')}, bf16 autocast. Steps at "
              f"{program} elements a program (16-bit inputs/the others), and for gact also at the kernels' own "
-             "(16384/8192) in the same process; device and host time a step from the profiler (three steps).\n",
+             f"({own}) in the same process; device and host time a step from the profiler (three steps).\n",
              f"| method | step ms at {program} | step ms at own | device ms a step | host ms a step "
              "| kernel launches a step |", "| --- | --- | --- | --- | --- | --- |"]
     for name, row in result["profile"].items():
