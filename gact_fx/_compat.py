@@ -218,6 +218,14 @@ def inductor_config():
     return config
 
 
+def failing_past_recompiles(limit: int):
+    """A block in which Dynamo compiles a code object up to ``limit`` times and then raises,
+    rather than run the frame eagerly with a logged warning."""
+    import torch._dynamo.config as config
+
+    return config.patch(recompile_limit=limit, fail_on_recompile_limit_hit=True)
+
+
 def inductor_lays_out_channels_last(gm) -> bool:
     """Whether Inductor's layout optimisation will lay ``gm``'s convolutions out channels-last
     (its own heuristic: on the CPU with mkldnn, any graph with a convolution)."""

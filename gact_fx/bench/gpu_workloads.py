@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from .._compat import failing_past_recompiles
 from ..measure import SavedBytesMeter
 from .measure import probing
 from .methods import Method
@@ -202,8 +203,7 @@ def measure(workload: GpuWorkload, method: Method, base: nn.Module, *, device: s
     row = Row(workload.name, method.name, batch)
     started = time.monotonic()
     try:
-        with method.patches(), torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT,
-                                                          fail_on_recompile_limit_hit=True):
+        with method.patches(), failing_past_recompiles(RECOMPILE_LIMIT):
             runner = _Runner(workload, method, base, device, compiler)
             inputs = workload.batch(batch)
             row.compile_s, row.step_ms = _timed_steps(runner, inputs, steps, deadline)
