@@ -4,7 +4,7 @@ Llama-like model, under the CUDA profiler.
     python benchmarks/gpu_step_profile.py --out DIR [--program 4096/4096] [--seconds 340]
         [--plan resnet50:"gact 2 bit" ...]
 
-For each method (``--methods``): the median of 8 steps at ``--program`` elements a Triton
+For each method (``--methods``): the median of ``STEPS`` steps at ``--program`` elements a Triton
 program (16-bit inputs/the others) and, for gact, at the kernels' own sizes in the same
 process; then three steps under ``torch.profiler``: device time a step (every kernel's own
 time, added up), host time a step (every op's own CPU time, added up), and kernel launches a
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import statistics
 import sys
 import time
 
@@ -29,29 +28,15 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def _median_step_ms(runner, inputs, device: str, steps: int = 8) -> float:
-    times = []
-    for _ in range(steps):
-        _sync(device)
-        started = time.perf_counter()
-        runner.step(inputs)
-        _sync(device)
-        times.append(time.perf_counter() - started)
-    return 1e3 * statistics.median(times)
+STEPS = 8  # timed steps a median
 
 
 def _profiled(runner, inputs, device: str, out: pathlib.Path, stem: str) -> dict:
-    from gact_fx.bench.gpu_workloads import profiled_step
+    from gact_fx.bench.gpu_workloads import device_time_key, profiled_step
 
     device_ms, host_ms, launches, events = profiled_step(lambda: runner.step(inputs), device)
-    key = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
-    (out / f"{stem}_by_device_time.txt").write_text(events.table(sort_by=key, row_limit=40, max_name_column_width=70))
+    (out / f"{stem}_by_device_time.txt").write_text(
+        events.table(sort_by=device_time_key(events), row_limit=40, max_name_column_width=70))
     (out / f"{stem}_by_host_time.txt").write_text(
         events.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=70))
     return {"device_ms": device_ms, "host_ms": host_ms, "launches": launches}
@@ -59,7 +44,7 @@ def _profiled(runner, inputs, device: str, out: pathlib.Path, stem: str) -> dict
 
 def profile_methods(device: str, methods: list[str], program: tuple[int, int], out: pathlib.Path) -> tuple[int, dict]:
     """(the batch, each method's row)."""
-    from gact_fx.bench.gpu_workloads import _Runner, workloads
+    from gact_fx.bench.gpu_workloads import _Runner, median_step_ms, workloads
     from gact_fx.bench.kernels import at_program
     from gact_fx.bench.methods import ALL
 
@@ -74,10 +59,10 @@ def profile_methods(device: str, methods: list[str], program: tuple[int, int], o
             runner = _Runner(workload, method, base, device, "inductor")
             for _ in range(3):
                 runner.step(inputs)
-            row = {"step_ms": _median_step_ms(runner, inputs, device)}
+            row = {"step_ms": median_step_ms(runner, inputs, STEPS)}
             if name != "torch.compile":
                 with at_program(None):
-                    row["step_ms_own_program"] = _median_step_ms(runner, inputs, device)
+                    row["step_ms_own_program"] = median_step_ms(runner, inputs, STEPS)
             row.update(_profiled(runner, inputs, device, out, "profile_" + name.replace(" ", "_")))
             rows[name] = row
         del runner
@@ -134,11 +119,11 @@ def main() -> None:
     result["meta"]["command"] = "python benchmarks/gpu_step_profile.py " + " ".join(sys.argv[1:])
     result["batch"], result["profile"] = profile_methods(args.device, args.methods, program, out)
     if args.plan:  # at --program too
-        gpu_suite.PLAN = tuple(tuple(entry.split(":", 1)) for entry in args.plan)
+        plan = [tuple(entry.split(":", 1)) for entry in args.plan]
         with at_program(program):
-            gpu_suite._models_part(out, deadline, args.device, "full" if args.device == "cuda" else "tiny",
-                                   "inductor", program)
-        result["models"] = json.loads((out / "part_models.json").read_text())
+            result["models"] = gpu_suite._models_part(out, deadline, args.device,
+                                                      "full" if args.device == "cuda" else "tiny", "inductor", program,
+                                                      plan=plan)
     result["markdown"] = markdown(result)
     (out / "gpu_step_profile.json").write_text(json.dumps(result, indent=1))
     print(result["markdown"])

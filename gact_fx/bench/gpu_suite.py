@@ -334,7 +334,8 @@ def _triton_kernels_cached(directory: pathlib.Path | None = None) -> int | None:
 
 
 def _models_part(out: pathlib.Path, deadline: float, device: str, scale: str, compiler: str,
-                 program: tuple[int, int] | None) -> None:
+                 program: tuple[int, int] | None, plan=PLAN) -> dict:
+    """The (model, method) rows of ``plan``, in order, each written out as it ends; returns them."""
     from dataclasses import asdict
 
     from .gpu_workloads import Row, measure, short_error, workloads
@@ -343,9 +344,9 @@ def _models_part(out: pathlib.Path, deadline: float, device: str, scale: str, co
     rows: list[Row] = []
     result = {"rows": [], "program": None if program is None else "/".join(map(str, program))}
     models = {workload.name: workload for workload in workloads(device, scale)}
-    plan = [(models[model], ALL[method]) for model, method in PLAN]
+    runs = [(models[model], ALL[method]) for model, method in plan]
     built: dict[str, object] = {}  # each model's weights, on the CPU: a run copies them to the device
-    for index, (workload, method) in enumerate(plan):
+    for index, (workload, method) in enumerate(runs):
         left = deadline - time.monotonic()
         if left <= 5:
             rows.append(Row(workload.name, method.name, workload.default_batch, error="not run: the part's time ran out"))
@@ -360,7 +361,7 @@ def _models_part(out: pathlib.Path, deadline: float, device: str, scale: str, co
             if isinstance(base, Exception):
                 rows.append(Row(workload.name, method.name, workload.default_batch, error=short_error(base)))
             else:
-                share = time.monotonic() + left / (len(plan) - index)  # an even share of what is left
+                share = time.monotonic() + left / (len(runs) - index)  # an even share of what is left
                 log.info("gpu suite: %s, %s (%.0f s left)", workload.name, method.name, left)
                 rows.append(measure(workload, method, base, device=device, compiler=compiler,
                                     steps=10 if scale == "full" else 2, deadline=share))
@@ -368,6 +369,7 @@ def _models_part(out: pathlib.Path, deadline: float, device: str, scale: str, co
         _write_json(out / "part_models.json", result)
     result["complete"] = True
     _write_json(out / "part_models.json", result)
+    return result
 
 
 def part_main(argv: list[str]) -> int:

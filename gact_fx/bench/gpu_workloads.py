@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -166,6 +167,11 @@ def _timed_steps(runner: _Runner, inputs, steps: int, deadline: float) -> tuple[
         runner.step(inputs)
         if not probing(runner.backend) or time.monotonic() > deadline:
             break
+    return compile_s, median_step_ms(runner, inputs, steps, deadline)
+
+
+def median_step_ms(runner: _Runner, inputs, steps: int, deadline: float = math.inf) -> float:
+    """The median of ``steps`` timed steps (at least 3 once past ``deadline``), in ms."""
     times = []
     for _ in range(steps):
         _sync(runner.device)
@@ -175,7 +181,12 @@ def _timed_steps(runner: _Runner, inputs, steps: int, deadline: float) -> tuple[
         times.append(time.perf_counter() - started)
         if time.monotonic() > deadline and len(times) >= 3:
             break
-    return compile_s, 1e3 * statistics.median(times)
+    return 1e3 * statistics.median(times)
+
+
+def device_time_key(events) -> str:
+    """The profiler events' attribute for their own device time (older torch: ``self_cuda_time_total``)."""
+    return "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
 
 
 def profiled_step(step: Callable[[], None], device: str, steps: int = 3):
@@ -190,7 +201,7 @@ def profiled_step(step: Callable[[], None], device: str, steps: int = 3):
             step()
         _sync(device)
     events = profiler.key_averages()
-    key = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
+    key = device_time_key(events)
     kernels = [e for e in events if e.device_type.name == "CUDA" and getattr(e, key) > 0]
     device_ms = sum(getattr(e, key) for e in kernels) / (1e3 * steps) if cuda else None
     host_ms = sum(e.self_cpu_time_total for e in events) / (1e3 * steps)
