@@ -46,7 +46,7 @@ def profile_methods(device: str, methods: list[str], program: tuple[int, int], o
     """(the batch, each method's row)."""
     from gact_fx.bench.gpu_workloads import _Runner, median_step_ms, workloads
     from gact_fx.bench.kernels import at_program
-    from gact_fx.bench.methods import ALL
+    from gact_fx.bench.methods import GPU_METHODS
 
     workload = {w.name: w for w in workloads(device, "full" if device == "cuda" else "tiny")}["llama-like"]
     torch.manual_seed(0)
@@ -54,13 +54,13 @@ def profile_methods(device: str, methods: list[str], program: tuple[int, int], o
     inputs = workload.batch(workload.default_batch)
     rows = {}
     for name in methods:
-        method = ALL[name]
+        method = GPU_METHODS[name]
         with method.patches(), at_program(program):
             runner = _Runner(workload, method, base, device, "inductor")
             for _ in range(3):
                 runner.step(inputs)
             row = {"step_ms": median_step_ms(runner, inputs, STEPS)}
-            if name != "torch.compile":
+            if method.gact is not None:
                 with at_program(None):
                     row["step_ms_own_program"] = median_step_ms(runner, inputs, STEPS)
             row.update(_profiled(runner, inputs, device, out, "profile_" + name.replace(" ", "_")))

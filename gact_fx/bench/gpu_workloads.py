@@ -126,7 +126,7 @@ class _Runner:
         self.model = copy.deepcopy(base).to(device).train()
         self.backend = method.backend(compiler)
         for region in workload.regions(self.model):  # dynamic: the batch doubles for the memory rows
-            region.compile(backend=self.backend, dynamic=True)
+            region.compile(backend=self.backend, dynamic=True, mode=method.mode)
 
     def forward_loss(self, inputs) -> torch.Tensor:
         with torch.autocast(self.device, dtype=torch.bfloat16):

@@ -11,6 +11,9 @@ Each is a ``torch.compile`` backend plus the config patches it needs, all scoped
 * checkpoint: ``torch.utils.checkpoint`` per block (transformers models that support it);
 * gact 2 bit + budget 0.5: recompute what is cheap, compress what is still saved.
 
+``GPU_METHODS`` adds, for the GPU suite, torch.compile and gact at 2 bits under CUDA graphs
+(``mode="reduce-overhead"``): replays that launch a step's kernels without its Python.
+
 ``compiler="inductor"`` compiles everything with Inductor (a fair step-time comparison);
 ``"eager"`` runs the same partitioned graphs as Python (``--quick``: seconds, not minutes).
 """
@@ -41,6 +44,8 @@ class Method:
     functorch_patches: dict = field(default_factory=dict)
     checkpoint: bool = False
     bits: int | None = None  # uniform bits, for the physical limit
+    mode: str | None = None  # torch.compile's mode ("reduce-overhead": CUDA graphs)
+    baseline: str = "torch.compile"  # the method its step and bytes are compared with
 
     def backend(self, compiler: str):
         options = dict(self.gact) if self.gact is not None else {"enabled": False}
@@ -72,6 +77,15 @@ ALL: dict[str, Method] = {
         Method("checkpoint", checkpoint=True),
         Method("gact 2 bit + budget 0.5", gact={"bits": 2}, functorch_patches={"activation_memory_budget": 0.5}, bits=2),
     )
+}
+# CUDA graphs on the CPU change nothing (torch skips them), so only the GPU suite runs these.
+GPU_METHODS: dict[str, Method] = {
+    **ALL,
+    **{m.name: m for m in (
+        Method("torch.compile, CUDA graphs", mode="reduce-overhead", baseline="torch.compile, CUDA graphs"),
+        Method("gact 2 bit, CUDA graphs", gact={"bits": 2}, bits=2, mode="reduce-overhead",
+               baseline="torch.compile, CUDA graphs"),
+    )},
 }
 QUICK = ("torch.compile", "gact 8 bit", "gact 2 bit", "gact L2.2 (adaptive 2)", "budget 0.5", "fp8 activations (torch)")
 

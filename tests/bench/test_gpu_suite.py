@@ -109,8 +109,10 @@ def test_a_dry_run_reports_every_part_even_when_one_outlives_its_limit(tmp_path)
     assert {r["program"] for r in kernels["rows"]} == {None, swept}
     models = written["models"]
     rows = {(r["model"], r["method"]): r for r in models["rows"]}
-    assert set(rows) == {(m, method) for m in ("llama-like", "resnet50") for method in gpu_suite.METHODS}
+    assert set(rows) >= {(m, method) for m in ("llama-like", "resnet50") for method in gpu_suite.METHODS}
     assert list(rows) == list(gpu_suite.PLAN)  # in order of importance, as they ran
+    graphs = rows["llama-like", "gact 2 bit, CUDA graphs"]  # (on the CPU torch skips the graphs)
+    assert graphs["error"] is None and graphs["activation_mib"] < 0.5 * rows["llama-like", "torch.compile"]["activation_mib"]
     for method in gpu_suite.METHODS:
         row = rows["llama-like", method]
         assert row["error"] is None and row["step_ms"] > 0 and row["compile_s"] > 0 and row["activation_mib"] > 0, row
@@ -121,6 +123,10 @@ def test_a_dry_run_reports_every_part_even_when_one_outlives_its_limit(tmp_path)
     text = (out / "gpu_suite.md").read_text()
     assert text == written["markdown"]
     assert "**GPU tests**" in text and "interrupted" in text and "| llama-like | gact 2 bit |" in text
+    # CUDA-graph rows compare with torch.compile under CUDA graphs
+    graphs_line = next(line for line in text.splitlines() if line.startswith("| llama-like | gact 2 bit, CUDA graphs |"))
+    ratio = graphs["step_ms"] / rows["llama-like", "torch.compile, CUDA graphs"]["step_ms"]
+    assert f"| {ratio:.2f}x |" in graphs_line
     assert f"| float32 | 2 | {swept} |" in text and "| float32 | 2 | own |" in text
     assert "triton_op probe: not run: needs a CUDA GPU" in text
     assert all(row["seconds"] > 0 for row in models["rows"] if row["error"] is None)
@@ -219,3 +225,16 @@ def test_a_model_with_more_block_shapes_than_dynamos_default_limit_compiles_ever
                   deadline=float("inf"))
     assert row.error is None and row.step_ms > 0
     assert counters["stats"]["unique_graphs"] >= len(widths)  # none fell back to eager
+
+
+def test_a_cuda_graph_method_compiles_its_regions_in_reduce_overhead_mode(caplog):
+    from gact_fx.bench.gpu_workloads import GpuWorkload, _Runner
+    from gact_fx.bench.methods import GPU_METHODS
+
+    workload = GpuWorkload("widening", lambda: torch.nn.Sequential(_Widening(4)), lambda model: list(model),
+                           lambda batch: (torch.randn(batch, 4),), 2)
+    runner = _Runner(workload, GPU_METHODS["gact 2 bit, CUDA graphs"], workload.build(), "cpu", "eager")
+    with caplog.at_level("WARNING", logger="gact_fx"):
+        runner.step(workload.batch(2))
+    assert "mode='reduce-overhead' has no effect with compiler='eager'" in caplog.text  # the mode reached gact
+    assert GPU_METHODS["gact 2 bit, CUDA graphs"].baseline == "torch.compile, CUDA graphs"
