@@ -111,6 +111,10 @@ def set_eager_input_vals(node: torch.fx.Node, args: tuple, kwargs: dict | None =
     node.meta[META_EAGER_INPUT_VALS] = (args, kwargs or {})
 
 
+def eager_input_vals(node: torch.fx.Node) -> tuple[tuple, dict] | None:
+    return node.meta.get(META_EAGER_INPUT_VALS)
+
+
 def set_unbacked_bindings(node: torch.fx.Node, bindings) -> None:
     node.meta[META_UNBACKED_BINDINGS] = bindings
 
@@ -284,6 +288,24 @@ def trace_with_fake_values(fn, values, fake_mode, decompositions) -> torch.fx.Gr
 
     with fake_mode:
         return make_fx(fn, decomposition_table=decompositions, tracing_mode="real")(*values)
+
+
+def wrapped_triton_launches():
+    """The higher-order ops a ``wrap_triton`` launch traces to: (in place, functional)."""
+    from torch._higher_order_ops.triton_kernel_wrap import (
+        triton_kernel_wrapper_functional,
+        triton_kernel_wrapper_mutation,
+    )
+
+    return triton_kernel_wrapper_mutation, triton_kernel_wrapper_functional
+
+
+def inductor_triton_source(kernel) -> str:
+    """The source Inductor writes into its module for a traced ``@triton.jit`` kernel: the
+    kernel and everything it calls, which Inductor then compiles itself."""
+    from torch._inductor.codegen.wrapper import user_defined_triton_kernel_transitive_closure_source_code
+
+    return user_defined_triton_kernel_transitive_closure_source_code(kernel)
 
 
 def has_activation_offloading() -> bool:
@@ -534,6 +556,10 @@ CONTRACTS: tuple[Contract, ...] = (
     Contract("_foreach_norm(tensors, ord, dtype=)",
              lambda: squared_norm([torch.ones(2, dtype=torch.float16), torch.ones(3)]).item() == 5.0 or None),
     Contract("_dynamo.utils.counters", _attribute("torch._dynamo.utils", "counters")),
+    Contract("triton_kernel_wrap.triton_kernel_wrapper_functional and _mutation (for lowering='triton')",
+             lambda: all(wrapped_triton_launches()) or None),
+    Contract("wrapper.user_defined_triton_kernel_transitive_closure_source_code (the static check of lowering='triton')",
+             _attribute("torch._inductor.codegen.wrapper", "user_defined_triton_kernel_transitive_closure_source_code")),
     Contract("OptimizedModule: _orig_mod and dynamo_ctx.callback down to compiler_fn",
              lambda: compiled_with(torch.compile(torch.nn.Identity(), backend="eager"))[1] is not None or None),
     Contract("DistributedDataParallel._get_active_ddp_module",

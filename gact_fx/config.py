@@ -24,7 +24,7 @@ from .runtime import format as fmt
 from .runtime.rotation import check_block as check_rotation_block
 
 COMPILERS = ("auto", "inductor", "eager")
-LOWERINGS = ("auto", "op", "aten")
+LOWERINGS = ("auto", "op", "aten", "triton")
 PARTITIONERS = ("min_cut", "default")
 GRADIENT_METRICS = ("relative", "absolute")
 
@@ -202,7 +202,9 @@ class CompileConfig:
     lowering: str = "auto"
     """How compression reaches the compiled code: 'op' (opaque gact:: ops; Triton kernels
     on CUDA, the C++ codec on the CPU), 'aten' (plain aten ops Inductor fuses into the
-    neighbouring kernels; needs compiler='inductor' and fixed bits), or 'auto' (the ops)."""
+    neighbouring kernels; needs compiler='inductor'), 'triton' (gact's Triton kernels as
+    kernels Inductor launches itself, without a custom op's host work around each; CUDA),
+    or 'auto' (the ops). 'aten' and 'triton' need bits fixed at compile time."""
 
     partitioner: str = "min_cut"
     """Which stock partitioner decides what is saved before gact compresses it:
@@ -237,10 +239,13 @@ class GactConfig:
         for section, cls in SECTIONS.items():
             if type(getattr(self, section)) is not cls:
                 raise ValueError(f"GactConfig.{section} must be a {cls.__name__}, got {getattr(self, section)!r}")
-        if self.compile.lowering == "aten" and self.adaptive.avg_bits is not None:
-            raise ValueError("lowering='aten' needs bits fixed at compile time; adaptive bits (avg_bits) use lowering='op'")
-        if self.compile.lowering == "aten" and self.core.rotation:
-            raise ValueError("lowering='aten' writes plain blobs in traced ops; rotation needs lowering='op' or 'auto'")
+        traced = self.compile.lowering in ("aten", "triton")
+        if traced and self.adaptive.avg_bits is not None:
+            raise ValueError(f"lowering={self.compile.lowering!r} needs bits fixed at compile time; adaptive bits "
+                             "(avg_bits) use lowering='op'")
+        if traced and self.core.rotation:
+            raise ValueError(f"lowering={self.compile.lowering!r} writes plain blobs in traced code; rotation needs "
+                             "lowering='op' or 'auto'")
 
     @property
     def enabled(self) -> bool:

@@ -87,7 +87,7 @@ class GactPartitioner:
     def _inductor_runs_the_ops(self) -> bool:
         """Whether Inductor compiles graphs holding the opaque ``gact::`` ops (its CPU layout
         and bool-store behaviour then shape how the plan lays tensors out)."""
-        return self.compiler == "inductor" and self.config.compile.lowering != "aten"
+        return self.compiler == "inductor" and self.config.compile.lowering not in ("aten", "triton")
 
     def _planned_bits(self, bw: fx.GraphModule, saved: SavedGraph, options: PlanOptions,
                       overridden: bool = True) -> dict[int, int]:
@@ -140,10 +140,11 @@ class GactPartitioner:
             index=self.graph_index, compiler=self.compiler, config=self.config, baseline=baseline, saved=saved, plan=plan
         )
         stopwatch.time("rewrite", lambda: apply_plan(fw, bw, saved, plan, masks_as_bytes=self._inductor_runs_the_ops))
-        if self.config.compile.lowering == "aten":
-            from .passes.lower_aten import lower_to_aten  # imports Inductor's prims
+        lowering = self.config.compile.lowering
+        if lowering in ("aten", "triton"):
+            from .passes.lower import lower_ops  # imports Inductor's prims
 
-            stopwatch.time("lower to aten", lambda: lower_to_aten(fw, bw, num_fwd_outputs))
+            stopwatch.time(f"lower to {lowering}", lambda: lower_ops(fw, bw, num_fwd_outputs, lowering))
         if self.config.passes.offload:
             stopwatch.time("offload", lambda: offload_blobs(fw, bw, num_fwd_outputs, static_indices))
         record.attach_code(before=code_before, after=(fw.code, bw.code))

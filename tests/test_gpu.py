@@ -1,5 +1,5 @@
 """On a CUDA device: the compiled Triton kernels, training through Inductor and them, CUDA
-graphs, the aten lowering, offloading, and peak memory.
+graphs, the Triton and aten lowerings, offloading, and peak memory.
 
 Skipped without a GPU (``tests/conftest.py``); ``gact-fx bench --gpu-suite`` runs them first
 (``pytest -m gpu``), under a time limit: the tests come in order of importance, and what
@@ -103,6 +103,30 @@ def test_cuda_graphs_draw_fresh_noise_on_every_replay():
     assert all(not torch.equal(a, b) for a, b in zip(draws, draws[1:]))  # frozen noise would repeat itself
     single = sum(relative_error(d, expected) for d in draws) / len(draws)
     assert single / relative_error(torch.stack(draws).mean(0), expected) >= 2.5
+
+
+def test_the_triton_lowering_launches_the_same_kernels_from_inductor():
+    """``lowering="triton"``: the kernels traced into the graphs, launched by Inductor's own
+    code: the op path's blobs, so its gradients; and under CUDA graphs, fresh noise each replay."""
+    from torch._dynamo.utils import counters
+
+    model, inputs = on_cuda("block")
+    with deterministic():
+        gact_fx.manual_seed(3)
+        (by_ops,) = gradients(model, inputs, gact_fx.backend(bits=2, compiler="inductor", lowering="op"))
+        gact_fx.manual_seed(3)
+        traced = gact_fx.backend(bits=2, compiler="inductor", lowering="triton")
+        (by_triton,) = gradients(model, inputs, traced)
+    assert "gact.quantize" not in traced.records[0].code_after[0]
+    assert torch.equal(by_triton, by_ops)
+    (expected,) = gradients(model, inputs, baseline_backend("inductor"))
+    counters.clear()
+    draws = gradients(model, inputs, gact_fx.backend(bits=2, compiler="inductor", lowering="triton"), steps=12,
+                      mode="reduce-overhead")[2:]
+    assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
+    assert all(not torch.equal(a, b) for a, b in zip(draws, draws[1:]))
+    single = sum(relative_error(d, expected) for d in draws) / len(draws)
+    assert single / relative_error(torch.stack(draws).mean(0), expected) >= 2.5  # unbiased
 
 
 def test_adaptive_bits_train_on_cuda():

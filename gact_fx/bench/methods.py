@@ -11,7 +11,8 @@ Each is a ``torch.compile`` backend plus the config patches it needs, all scoped
 * checkpoint: ``torch.utils.checkpoint`` per block (transformers models that support it);
 * gact 2 bit + budget 0.5: recompute what is cheap, compress what is still saved.
 
-``GPU_METHODS`` adds, for the GPU suite, torch.compile and gact at 2 bits under CUDA graphs
+``GPU_METHODS`` adds, for the GPU suite, gact at 2 bits with ``lowering="triton"`` (its
+kernels launched by Inductor), and torch.compile and gact at 2 bits under CUDA graphs
 (``mode="reduce-overhead"``): replays that launch a step's kernels without its Python.
 
 ``compiler="inductor"`` compiles everything with Inductor (a fair step-time comparison);
@@ -78,10 +79,12 @@ ALL: dict[str, Method] = {
         Method("gact 2 bit + budget 0.5", gact={"bits": 2}, functorch_patches={"activation_memory_budget": 0.5}, bits=2),
     )
 }
-# CUDA graphs on the CPU change nothing (torch skips them), so only the GPU suite runs these.
+# Only the GPU suite runs these: on the CPU torch skips CUDA graphs, and the Triton lowering
+# needs the Triton kernels.
 GPU_METHODS: dict[str, Method] = {
     **ALL,
     **{m.name: m for m in (
+        Method("gact 2 bit, Triton lowering", gact={"bits": 2, "lowering": "triton"}, bits=2),
         Method("torch.compile, CUDA graphs", mode="reduce-overhead", baseline="torch.compile, CUDA graphs"),
         Method("gact 2 bit, CUDA graphs", gact={"bits": 2}, bits=2, mode="reduce-overhead",
                baseline="torch.compile, CUDA graphs"),

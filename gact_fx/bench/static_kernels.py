@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..runtime import format as fmt
-from ..runtime.compile_check import SassStats, check, independent_of_fusion
+from ..runtime.compile_check import SassStats, check, independent_of_fusion, same_as_inductors_launch
 from ..runtime.launches import Launch, LaunchRecorder
 
 INSTRUCTIONS_PER_BYTE = 11.0  # ~3.3e13 thread instructions / s over ~3.0e12 bytes / s (H100)
@@ -57,6 +57,7 @@ class Variant:
     plain: SassStats | None  # the plain path's (quantize), else the full kernel's
     error: str = ""
     fusion_independent: bool | None = None  # the same machine code with Triton's multiply-add fusion on
+    same_from_inductor: bool | None = None  # Inductor's launch (lowering="triton") compiles to the same code
 
     @property
     def instructions_per_element(self) -> float | None:
@@ -142,8 +143,9 @@ def _compile(item: tuple[Launch, tuple, int]) -> Variant:
             launch, constants=tuple((k, False if k == "GENERAL" else v) for k, v in launch.constants))
         plain = check(plain_launch, arch, read_sass=True).sass
     fusion = independent_of_fusion(launch, arch) if full.ok else None
+    inductor = same_as_inductors_launch(launch, arch) if full.ok else None
     return Variant(f"{what} ({launch.kernel.rpartition('.')[2]})", dtype, bits, _moved(what, dtype, bits),
-                   _elements(launch), launch.num_warps * 32, full.sass, plain, full.error, fusion)
+                   _elements(launch), launch.num_warps * 32, full.sass, plain, full.error, fusion, inductor)
 
 
 def static_table(arch: int = 90, *, dtypes=DTYPES, widths=WIDTHS, jobs: int | None = None) -> list[Variant]:
@@ -209,8 +211,10 @@ def static_markdown(rows: list[Variant], arch: int = 90) -> str:
 
 def _fusion_note(rows: list[Variant]) -> str:
     same = sum(r.fusion_independent is True for r in rows)
+    copied = sum(r.same_from_inductor is True for r in rows)
     return (f"{same} of {len(rows)} variants compile to the same machine code with Triton's multiply-add fusion "
-            "on (a launch by Inductor) as off (gact's own launches).")
+            f"on (a launch by Inductor) as off (gact's own launches); {copied} of {len(rows)} do when compiled "
+            "from the copy of their source Inductor writes for `lowering=\"triton\"`.")
 
 
 def as_json(rows: list[Variant]) -> list[dict]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 import torch.fx as fx
 
 from .plan import COMPRESSIBLE_KINDS, nbytes_of, node_nbytes
@@ -61,7 +62,7 @@ def saved_bytes_timeline(fw: fx.GraphModule, bw: fx.GraphModule, saved: SavedGra
     backward_start = sum(root_bytes.values())
     for node in bw_nodes:  # decoded activations live from their decode to their last use
         role = node.meta.get("gact", {}).get("role")
-        if role == "dequantize":
+        if role == "dequantize" and isinstance(node.meta.get("val"), torch.Tensor):  # (not a launch's outputs)
             size = nbytes_of(node.meta["val"])
             ends[bw_order[node]] += size
             ends[_last_use(node, bw_order) + 1] -= size

@@ -1,7 +1,7 @@
 """The packed format written with plain aten ops, for Inductor to fuse into neighbouring kernels.
 
 ``encode`` / ``decode`` produce and read exactly the blob of ``runtime.format`` (they call
-the reference's branch-free ``encode_groups`` / ``decode_groups``); ``passes.lower_aten``
+the reference's branch-free ``encode_groups`` / ``decode_groups``); ``passes.lower``
 traces them into the graphs in place of the opaque ``gact::`` ops, so Inductor can fuse
 the min/max reduction into the kernel that produced the activation and the decode into
 the kernel that consumes it. The rounding noise is ``runtime.noise``'s hash, traced too,

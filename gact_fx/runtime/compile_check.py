@@ -22,7 +22,9 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
+import functools
 import importlib
+import importlib.util
 import json
 import os
 import pathlib
@@ -163,6 +165,40 @@ def machine_code(launch: Launch, arch: int) -> str | None:
     """A launch's SASS for ``sm_<arch>``, its instructions alone (``None`` without cuobjdump)."""
     sass = _disassemble(compile_launch(launch, arch).asm["cubin"], "-sass")
     return None if sass is None else "\n".join(m.group(0) for m in _INSTRUCTION.finditer(sass))
+
+
+_INDUCTOR_COPIES = tempfile.TemporaryDirectory(prefix="gact_inductor_copies_")  # removed at exit
+
+
+@functools.cache
+def _inductor_module(kernel: str) -> str:
+    """The name of a module holding Inductor's copy of ``kernel`` (``module.function``), imported."""
+    from .. import _compat
+
+    module, _, name = kernel.rpartition(".")
+    copy = f"gact_inductor_copy_{name}"
+    path = pathlib.Path(_INDUCTOR_COPIES.name) / f"{copy}.py"
+    source = _compat.inductor_triton_source(getattr(importlib.import_module(module), name))
+    path.write_text("import triton\nimport triton.language as tl\n\n@triton.jit\n" + source)
+    spec = importlib.util.spec_from_file_location(copy, path)
+    sys.modules[copy] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sys.modules[copy])
+    return copy
+
+
+def inductors_copy(launch: Launch) -> Launch:
+    """The launch as Inductor makes it where ``lowering="triton"`` traced it: of the copy of
+    the kernel's source Inductor writes into its own module (the kernel and what it calls),
+    with Triton's default multiply-add fusion."""
+    name = launch.kernel.rpartition(".")[2]
+    return dataclasses.replace(launch, kernel=f"{_inductor_module(launch.kernel)}.{name}", fp_fusion=True)
+
+
+def same_as_inductors_launch(launch: Launch, arch: int) -> bool | None:
+    """Whether Inductor's launch of the kernel (``inductors_copy``) compiles to gact's own
+    launch's machine code, so writes the same blob (None without cuobjdump)."""
+    code = machine_code(launch, arch)
+    return None if code is None else code == machine_code(inductors_copy(launch), arch)
 
 
 def independent_of_fusion(launch: Launch, arch: int) -> bool | None:

@@ -137,9 +137,11 @@ def encode(tensor: torch.Tensor, bits: int, group_size: int, *, state=None, key=
     return blob
 
 
-def decode(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int, shape=None) -> torch.Tensor:
-    """The ``numel`` elements of ``dtype`` a blob holds: 1-D, or contiguous of ``shape``."""
-    bits = fmt.bits_from_blob_nbytes(blob.numel())
+def decode(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int, shape=None,
+           bits: int | None = None) -> torch.Tensor:
+    """The ``numel`` elements of ``dtype`` a blob holds: 1-D, or contiguous of ``shape``. ``bits``
+    is read from the blob's length unless given (a traced blob's length may be symbolic)."""
+    bits = bits or fmt.bits_from_blob_nbytes(blob.numel())
     chosen = implementation(blob, bits, dtype=dtype)
     if chosen == "cpu" and dtype != torch.bool:  # written in its final shape (a view costs a microsecond)
         return _cpu_codec().dequantize(blob, numel, dtype, group_size, shape=shape)
@@ -148,7 +150,7 @@ def decode(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int, 
         if dtype == torch.bool:
             flat = triton_kernels.unpack_mask(blob, numel, torch.bool)
         else:
-            flat = triton_kernels.dequantize(blob, numel, dtype, group_size)
+            flat = triton_kernels.dequantize(blob, numel, dtype, group_size, bits)
     elif chosen == "cpu":
         flat = _cpu_codec().unpack_bool(blob, numel)
     else:
@@ -200,18 +202,22 @@ def encode_permuted(x: torch.Tensor, perm, bits: int, group_size: int, *, state=
     return encode(x.permute(perm), bits, group_size, state=state, key=key, count=count)
 
 
-def decode_permuted(blob: torch.Tensor, shape, dtype: torch.dtype, group_size: int, perm, layout=None) -> torch.Tensor:
+def decode_permuted(blob: torch.Tensor, shape, dtype: torch.dtype, group_size: int, perm, layout=None,
+                    bits: int | None = None) -> torch.Tensor:
     """The tensor of ``shape`` that ``blob`` holds in the order of ``perm``, compact in
-    ``layout`` (``runtime.layout.arrange``)."""
+    ``layout`` (``runtime.layout.arrange``); ``bits`` as ``decode`` takes it."""
     numel = math.prod(shape)
+    bits = bits or fmt.bits_from_blob_nbytes(blob.numel())
     if natural_order(perm, layout):  # decoded straight into its shape (``arrange`` would view it)
-        return decode(blob, numel, dtype, group_size, shape=shape)
+        return decode(blob, numel, dtype, group_size, shape=shape, bits=bits)
     if dtype != torch.bool and feature_major(perm, layout):
         features = shape[layout[-1]]
         tokens = numel // max(features, 1)
-        in_place = _transposable(blob, fmt.bits_from_blob_nbytes(blob.numel()), tokens, features, group_size, dtype)
+        in_place = _transposable(blob, bits, tokens, features, group_size, dtype)
         if in_place:
-            codec = _triton_codec() if in_place == "triton" else _cpu_codec()
-            matrix = codec.dequantize_transposed(blob, tokens, features, dtype, group_size)
+            if in_place == "triton":
+                matrix = _triton_codec().dequantize_transposed(blob, tokens, features, dtype, group_size, bits)
+            else:
+                matrix = _cpu_codec().dequantize_transposed(blob, tokens, features, dtype, group_size)
             return matrix.view([shape[dim] for dim in layout]).permute(inverse_permutation(layout))
-    return arrange(decode(blob, numel, dtype, group_size), shape, perm, layout)
+    return arrange(decode(blob, numel, dtype, group_size, bits=bits), shape, perm, layout)

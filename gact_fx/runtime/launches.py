@@ -145,7 +145,7 @@ def launch(kernel, grid: tuple[int, ...], arguments: Mapping[str, object], const
     on it (``triton_common.mul``), so a launch through ``wrap_triton``, which takes Triton's
     default, writes the same blob."""
     recorders = _ACTIVE.get()
-    if recorders:
+    if recorders and not _WRAPPED.get():  # (a traced launch is recorded where the same call runs as an op)
         record = describe_launch(f"{kernel.fn.__module__}.{kernel.fn.__name__}", arguments, constants, num_warps)
         for recorder in recorders:
             recorder.add(record)

@@ -50,6 +50,13 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _capped_power_of_2(n: int, cap: int) -> int:
+    """The least power of two at least ``n``, at most ``cap``. ``cap`` for a symbolic ``n`` (a
+    launch traced with dynamic shapes, ``passes.lower_triton``): a program's size is fixed
+    when the kernel compiles."""
+    return min(cap, _next_power_of_2(n)) if isinstance(n, int) else cap
+
+
 _DTYPE_MAX = {dtype: float(torch.finfo(dtype).max) for dtype in (torch.float32, torch.bfloat16, torch.float16)}
 
 
@@ -74,7 +81,7 @@ def block_shape(group_size: int, rows_needed: int, itemsize: int, bits: int, *, 
     elements at ``bits``: a program holds no more rows than that (rounded up to a power of
     two), so a small tensor is not padded to a program's worth."""
     size = ELEMENTS_PER_PROGRAM[program_kind(itemsize, bits, feature_major=feature_major, decoding=decoding)]
-    return _block_shape(group_size, _next_power_of_2(max(1, rows_needed)), size)
+    return _block_shape(group_size, _capped_power_of_2(rows_needed, size), size)
 
 
 def program_kind(itemsize: int, bits: int, *, feature_major: bool = False, decoding: bool = False) -> str:
@@ -131,7 +138,8 @@ def _on_device(tensor: torch.Tensor):
 
 
 def _grid(items: int, per_program: int) -> tuple[int]:
-    return (max(1, _cdiv(items, per_program)),)
+    programs = _cdiv(items, per_program)
+    return (max(1, programs) if isinstance(programs, int) else programs,)
 
 
 def rounding_noise(groups: int, group_size: int, *, state=None, key=None) -> torch.Tensor:
@@ -164,8 +172,8 @@ def quantize(flat: torch.Tensor, bits: int, group_size: int, *, state=None, key=
                {"x_ptr": flat, "blob_ptr": blob, "numel": numel, "num_groups": groups, "nbytes": blob.numel(),
                 "key_ptr": source, "dtype_max": _dtype_max(flat.dtype)},
                {"FROM_STATE": from_state, "ADVANCE": from_state and count, "BITS": bits, "GROUP": group_size,
-                "CHUNKS": shape.chunks, "BLOCK": shape.rows, "PARTIAL": numel % group_size != 0,
-                "WIDE": numel >= _INT32_LIMIT, "GENERAL_ROWS": shape.general_rows,
+                "CHUNKS": shape.chunks, "BLOCK": shape.rows, "PARTIAL": bool(numel % group_size != 0),
+                "WIDE": bool(numel >= _INT32_LIMIT), "GENERAL_ROWS": shape.general_rows,
                 "INTERPRETED": interpreted(), "GENERAL": True},
                num_warps=shape.warps)
     return blob
@@ -193,15 +201,15 @@ def quantize_transposed(matrix: torch.Tensor, bits: int, group_size: int, *, sta
                 "nbytes": blob.numel(), "key_ptr": source, "dtype_max": _dtype_max(matrix.dtype),
                 "token_blocks": token_blocks, "row_stride": features},
                {"FROM_STATE": from_state, "ADVANCE": from_state and count, "BITS": bits, "GROUP": group_size,
-                "CHUNKS": shape.chunks, "BLOCK": shape.rows, "WIDE": numel >= _INT32_LIMIT,
+                "CHUNKS": shape.chunks, "BLOCK": shape.rows, "WIDE": bool(numel >= _INT32_LIMIT),
                 "GENERAL_ROWS": shape.general_rows, "INTERPRETED": interpreted(), "GENERAL": True},
                num_warps=shape.warps)
     return blob
 
 
-def dequantize(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int) -> torch.Tensor:
-    """Decode a quantized blob (``bits`` read from its length) into a 1-D tensor."""
-    bits = fmt.bits_from_blob_nbytes(blob.numel())
+def dequantize(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int, bits: int | None = None) -> torch.Tensor:
+    """Decode a quantized blob into a 1-D tensor (``bits``: read from its length unless given)."""
+    bits = bits or fmt.bits_from_blob_nbytes(blob.numel())
     groups = fmt.num_groups(numel, group_size)
     out = torch.empty(numel, dtype=dtype, device=blob.device)
     shape = block_shape(group_size, groups, out.element_size(), bits, decoding=True)
@@ -210,14 +218,14 @@ def dequantize(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: i
                {"blob_ptr": blob, "out_ptr": out, "numel": numel, "num_groups": groups,
                 "dtype_max": _dtype_max(dtype)},
                {"BITS": bits, "GROUP": group_size, "CHUNKS": shape.chunks, "BLOCK": shape.rows,
-                "PARTIAL": numel % group_size != 0, "WIDE": numel >= _INT32_LIMIT}, num_warps=shape.warps)
+                "PARTIAL": bool(numel % group_size != 0), "WIDE": bool(numel >= _INT32_LIMIT)}, num_warps=shape.warps)
     return out
 
 
 def dequantize_transposed(blob: torch.Tensor, tokens: int, features: int, dtype: torch.dtype,
-                          group_size: int) -> torch.Tensor:
+                          group_size: int, bits: int | None = None) -> torch.Tensor:
     """The row-major [tokens, features] matrix whose feature-major blob ``blob`` is."""
-    bits = fmt.bits_from_blob_nbytes(blob.numel())
+    bits = bits or fmt.bits_from_blob_nbytes(blob.numel())
     token_blocks = tokens // group_size
     out = torch.empty(tokens, features, dtype=dtype, device=blob.device)
     shape = block_shape(group_size, features, out.element_size(), bits, feature_major=True)
@@ -226,7 +234,7 @@ def dequantize_transposed(blob: torch.Tensor, tokens: int, features: int, dtype:
                {"blob_ptr": blob, "out_ptr": out, "num_groups": token_blocks * features,
                 "dtype_max": _dtype_max(dtype), "token_blocks": token_blocks, "row_stride": features},
                {"BITS": bits, "GROUP": group_size, "CHUNKS": shape.chunks, "BLOCK": shape.rows,
-                "WIDE": tokens * features >= _INT32_LIMIT}, num_warps=shape.warps)
+                "WIDE": bool(tokens * features >= _INT32_LIMIT)}, num_warps=shape.warps)
     return out
 
 
@@ -235,7 +243,7 @@ def pack_mask(mask: torch.Tensor) -> torch.Tensor:
     numel = mask.numel()
     blob = torch.empty(fmt.bool_blob_nbytes(numel), dtype=torch.uint8, device=mask.device)
     words = _cdiv(numel, 32)
-    per_program = min(MASK_WORDS, _next_power_of_2(words))
+    per_program = _capped_power_of_2(words, MASK_WORDS)
     with _on_device(mask):
         launch(pack_mask_kernel, _grid(words, per_program),
                {"mask_ptr": mask.reshape(-1), "blob_ptr": blob, "numel": numel, "nbytes": blob.numel()},
@@ -247,7 +255,7 @@ def unpack_mask(blob: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Ten
     """The ``numel`` 0s and 1s of ``dtype`` (bool included) a mask's blob holds."""
     out = torch.empty(numel, dtype=dtype, device=blob.device)
     words = _cdiv(numel, 32)
-    per_program = min(MASK_WORDS, _next_power_of_2(words))
+    per_program = _capped_power_of_2(words, MASK_WORDS)
     with _on_device(blob):
         launch(unpack_mask_kernel, _grid(words, per_program),
                {"blob_ptr": blob, "out_ptr": out, "numel": numel}, {"WORDS": per_program}, num_warps=WARPS)

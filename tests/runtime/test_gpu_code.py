@@ -64,6 +64,14 @@ def test_no_variant_depends_on_multiply_add_fusion(variants):
     assert not fused, "\n".join(fused)
 
 
+def test_inductor_launches_the_same_machine_code_where_the_kernels_are_traced(variants):
+    """With ``lowering="triton"`` Inductor compiles its own copy of each kernel's source (the
+    kernel and what it calls, written into its module) and launches it with fusion on: that
+    copy must compile to gact's own machine code, so write the same blob."""
+    different = [f"{row['kernel']} {row['dtype']} {row['bits']}" for row in variants if row["same_from_inductor"] is not True]
+    assert not different, "\n".join(different)
+
+
 def test_every_variant_fits_the_memory_speed_budget(variants):
     over = []
     for row in variants:

@@ -1,9 +1,10 @@
-"""The aten lowering: gact:: ops replaced by plain aten ops that Inductor can fuse."""
+"""The aten and Triton lowerings: gact:: ops replaced by plain aten ops that Inductor can
+fuse, or by the Triton launches they make."""
 
 import pytest
 import torch
 
-from gact_fx.passes.lower_aten import KEYS, lower_to_aten
+from gact_fx.passes.lower import KEYS, lower_ops
 from gact_fx.passes.plan import plan_compression
 from gact_fx.passes.rewrite import DEQUANTIZE, QUANTIZE, apply_plan
 from gact_fx.passes.saved import find_saved
@@ -13,14 +14,14 @@ from gact_fx.runtime.registry import SlotRegistry, manual_seed
 from .graphs import linear_relu_pair, plan_options, run_pair
 
 
-def rewritten_pair(bits, lower: bool):
+def rewritten_pair(bits, lower: bool, lowering: str = "aten"):
     fw, bw, num_out, static, inputs = linear_relu_pair()
     saved = find_saved(fw, bw, num_out, static)
     registry = SlotRegistry()
     options = plan_options(bits)
     apply_plan(fw, bw, saved, plan_compression(saved, options, allocate_slot=lambda: registry.new_site().slot))
     if lower:
-        assert lower_to_aten(fw, bw, num_out) == 2
+        assert lower_ops(fw, bw, num_out, lowering) == 2
     fw.sites = registry  # the sites live as long as their graphs, as a backend keeps them
     return fw, bw, num_out, inputs
 
@@ -65,4 +66,25 @@ def test_run_time_bits_are_refused():
     node = fw.graph.find_nodes(op="call_function", target=QUANTIZE)[0]
     node.update_arg(1, RUNTIME_BITS)
     with pytest.raises(ValueError, match="needs bits fixed at compile time"):
-        lower_to_aten(fw, bw, num_out)
+        lower_ops(fw, bw, num_out, "aten")
+
+
+def test_the_triton_lowering_leaves_functional_launches_that_keep_their_traced_strides(monkeypatch):
+    from gact_fx import _compat
+
+    from ..runtime.traced_launches import jit_kernels_traced
+
+    monkeypatch.setenv("GACT_FX_KERNELS", "triton")
+    with jit_kernels_traced():
+        fw, bw, _, _ = rewritten_pair(2, lower=True, lowering="triton")
+    in_place, functional = _compat.wrapped_triton_launches()
+    nodes = [n for gm in (fw, bw) for n in gm.graph.nodes if n.op == "call_function"]
+    assert not [n for n in nodes if n.target in (QUANTIZE, DEQUANTIZE, in_place)]
+    launches = [n for n in nodes if n.target is functional]
+    assert len(launches) >= 4 and sum(n.target is KEYS for n in nodes) == 1  # encode and decode, each tensor
+    for launch in launches:
+        _, traced = _compat.eager_input_vals(launch)  # Inductor requires these strides exactly
+        for name, value in launch.kwargs["kwargs"].items():
+            if isinstance(value, torch.fx.Node):
+                assert traced["kwargs"][name].stride() == value.meta["val"].stride()
+        assert all(isinstance(launch.meta["val"][name], torch.Tensor) for name in launch.kwargs["tensors_to_clone"])
