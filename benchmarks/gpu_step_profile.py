@@ -42,9 +42,14 @@ def _profiled(runner, inputs, device: str, out: pathlib.Path, stem: str) -> dict
     return {"device_ms": device_ms, "host_ms": host_ms, "launches": launches}
 
 
+def stem(method: str) -> str:
+    """The file name stem of a method's profiler tables."""
+    return "profile_" + method.replace(", ", "_").replace(" ", "_")
+
+
 def profile_methods(device: str, methods: list[str], program: tuple[int, int], out: pathlib.Path) -> tuple[int, dict]:
     """(the batch, each method's row)."""
-    from gact_fx.bench.gpu_workloads import _Runner, median_step_ms, workloads
+    from gact_fx.bench.gpu_workloads import _Runner, median_step_ms, short_error, workloads
     from gact_fx.bench.kernels import at_program
     from gact_fx.bench.methods import GPU_METHODS
 
@@ -55,16 +60,20 @@ def profile_methods(device: str, methods: list[str], program: tuple[int, int], o
     rows = {}
     for name in methods:
         method = GPU_METHODS[name]
-        with method.patches(), at_program(program):
-            runner = _Runner(workload, method, base, device, "inductor")
-            for _ in range(3):
-                runner.step(inputs)
-            row = {"step_ms": median_step_ms(runner, inputs, STEPS)}
-            if method.gact is not None:
-                with at_program(None):
-                    row["step_ms_own_program"] = median_step_ms(runner, inputs, STEPS)
-            row.update(_profiled(runner, inputs, device, out, "profile_" + name.replace(" ", "_")))
-            rows[name] = row
+        runner = None
+        try:
+            with method.patches(), at_program(program):
+                runner = _Runner(workload, method, base, device, "inductor")
+                for _ in range(3):
+                    runner.step(inputs)
+                row = {"step_ms": median_step_ms(runner, inputs, STEPS)}
+                if method.gact is not None:
+                    with at_program(None):
+                        row["step_ms_own_program"] = median_step_ms(runner, inputs, STEPS)
+                row.update(_profiled(runner, inputs, device, out, stem(name)))
+        except Exception as error:  # recorded: one broken method must not cost a GPU run the rest
+            row = {"error": short_error(error)}
+        rows[name] = row
         del runner
         torch._dynamo.reset()
         if device == "cuda":
@@ -83,6 +92,9 @@ def markdown(result: dict) -> str:
              f"| method | step ms at {program} | step ms at own | device ms a step | host ms a step "
              "| kernel launches a step |", "| --- | --- | --- | --- | --- | --- |"]
     for name, row in result["profile"].items():
+        if "error" in row:
+            lines.append(f"| {name} | {row['error']} | | | | |")
+            continue
         own = row.get("step_ms_own_program")
         device_ms = row["device_ms"]
         lines.append(f"| {name} | {row['step_ms']:.1f} | {'-' if own is None else f'{own:.1f}'} | "
@@ -99,7 +111,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    parser.add_argument("--methods", nargs="+", default=["torch.compile", "gact 2 bit"])
+    parser.add_argument("--methods", nargs="+", default=["torch.compile", "gact 2 bit", "gact 2 bit, Triton lowering"])
     parser.add_argument("--program", default="4096/4096", help="elements a program, 16-bit inputs/the others")
     parser.add_argument("--plan", nargs="*", default=[], help="model:method rows of the models part, after the profile")
     parser.add_argument("--seconds", type=float, default=340.0, help="when the models rows stop starting")

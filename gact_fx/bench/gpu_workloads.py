@@ -110,6 +110,9 @@ class Row:
 
 
 def short_error(error: BaseException) -> str:
+    """The first line of what went wrong, from the backend itself where Dynamo wraps its error
+    (whose own message starts with the backend's repr)."""
+    error = getattr(error, "inner_exception", None) or error
     return f"{type(error).__name__}: {error}".splitlines()[0][:200]
 
 

@@ -138,6 +138,59 @@ print([launched(launch) for launch in launches[:3]])
 """
 
 
+WRITES_SCRIPT = r"""
+import json, torch
+from triton.backends.compiler import GPUTarget
+from triton.runtime import driver
+
+class H100:  # enough of a GPU for Triton to lower a kernel to its IR, as Inductor's analysis does
+    def get_current_device(self): return 0
+    def get_current_stream(self, device=None): return 0
+    def get_current_target(self): return GPUTarget("cuda", 90, 32)
+    def get_active_torch_device(self): return torch.device("cpu")
+
+driver.set_active(H100())
+
+from torch._higher_order_ops.triton_kernel_wrap import identify_accessed_tensors
+from gact_fx.bench.static_kernels import record_launches
+from gact_fx.runtime import warm_cache
+from gact_fx.runtime.compile_check import kernel_function
+from gact_fx.runtime.launches import TRITON_TYPES
+
+torch_types = {name: dtype for dtype, name in TRITON_TYPES.items()}
+writes = {}
+for launch in record_launches((torch.bfloat16, torch.float32), (2, 8)):
+    arguments = warm_cache.stand_in_arguments(launch)
+    for name, kind in launch.signature:
+        if kind.startswith("*"):
+            arguments[name] = torch.zeros(64, dtype=torch_types[kind[1:]])
+    constants = dict(launch.constants)
+    if "FROM_STATE" in constants:  # as the Triton lowering launches it: an explicit key, no counter
+        constants.update(FROM_STATE=False, ADVANCE=False)
+    arguments.update(constants)
+    accesses = identify_accessed_tensors(kernel_function(launch), arguments, {})
+    written = sorted(d.name for d in accesses.read_writes.writes if isinstance(arguments.get(d.name), torch.Tensor))
+    writes.setdefault(launch.kernel.rpartition(".")[2], set()).add(tuple(written))
+print(json.dumps({kernel: sorted(found) for kernel, found in writes.items()}))
+"""
+
+
+def test_inductor_finds_that_each_kernel_writes_its_output_alone():
+    """Inductor reads which tensors a traced kernel writes from its Triton IR (and, where it
+    cannot tell, takes every input as written, ordering the rest of the graph after it and
+    treating activations as mutated). Each of gact's kernels, launched as the Triton
+    lowering launches it, must be found to write its output alone."""
+    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", WRITES_SCRIPT], capture_output=True, text=True, env=environment,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "assuming every input is mutated" not in done.stderr
+    writes = json.loads(done.stdout.strip().splitlines()[-1])
+    assert writes == {"encode_chunked_kernel": [["blob_ptr"]], "encode_features_kernel": [["blob_ptr"]],
+                      "decode_chunked_kernel": [["out_ptr"]], "decode_features_kernel": [["out_ptr"]],
+                      "pack_mask_kernel": [["blob_ptr"]], "unpack_mask_kernel": [["out_ptr"]]}
+
+
 def test_a_launch_warmed_ahead_is_not_compiled_again(tmp_path):
     """``runtime.warm_cache`` compiles under the launcher's own cache key: the kernel a real
     launch then asks for is found on disk (no new cache entry), where an unwarmed one is compiled."""
