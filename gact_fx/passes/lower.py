@@ -16,10 +16,10 @@ the opaque ops).
 
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.fx as fx
-
-import operator
 
 from .._compat import (
     detect_fake_mode,

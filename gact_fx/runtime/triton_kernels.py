@@ -52,7 +52,7 @@ def _cdiv(a: int, b: int) -> int:
 
 def _capped_power_of_2(n: int, cap: int) -> int:
     """The least power of two at least ``n``, at most ``cap``. ``cap`` for a symbolic ``n`` (a
-    launch traced with dynamic shapes, ``passes.lower_triton``): a program's size is fixed
+    launch traced with dynamic shapes, ``passes.lower``): a program's size is fixed
     when the kernel compiles."""
     return min(cap, _next_power_of_2(n)) if isinstance(n, int) else cap
 
@@ -207,7 +207,8 @@ def quantize_transposed(matrix: torch.Tensor, bits: int, group_size: int, *, sta
     return blob
 
 
-def dequantize(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int, bits: int | None = None) -> torch.Tensor:
+def dequantize(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int,
+               bits: int | None = None) -> torch.Tensor:
     """Decode a quantized blob into a 1-D tensor (``bits``: read from its length unless given)."""
     bits = bits or fmt.bits_from_blob_nbytes(blob.numel())
     groups = fmt.num_groups(numel, group_size)
@@ -218,7 +219,8 @@ def dequantize(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: i
                {"blob_ptr": blob, "out_ptr": out, "numel": numel, "num_groups": groups,
                 "dtype_max": _dtype_max(dtype)},
                {"BITS": bits, "GROUP": group_size, "CHUNKS": shape.chunks, "BLOCK": shape.rows,
-                "PARTIAL": bool(numel % group_size != 0), "WIDE": bool(numel >= _INT32_LIMIT)}, num_warps=shape.warps)
+                "PARTIAL": bool(numel % group_size != 0), "WIDE": bool(numel >= _INT32_LIMIT)},
+               num_warps=shape.warps)
     return out
 
 
