@@ -63,6 +63,11 @@ def _as_bytes(fw: fx.GraphModule, mask: fx.Node, anchor: fx.Node, fake_mode) -> 
 def _insert_quantize(fw: fx.GraphModule, compression: Compression, fake_mode, as_bytes: bool) -> fx.Node:
     source = compression.source
     anchor = source if source.op != "placeholder" else fw.graph.find_nodes(op="placeholder")[-1]
+    # After the source's last use in the forward, which it outlives anyway: placed before
+    # a use, the quantize's exact-stride demand makes Inductor compute a pointwise source
+    # twice, into a buffer of its own for the quantize and into another for that use.
+    order = {node: index for index, node in enumerate(fw.graph.nodes)}
+    anchor = max([anchor, *(user for user in source.users if user.op != "output")], key=order.__getitem__)
     if as_bytes:
         anchor = encoded = _as_bytes(fw, source, anchor, fake_mode)
     else:

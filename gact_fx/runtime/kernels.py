@@ -115,7 +115,9 @@ def encode(tensor: torch.Tensor, bits: int, group_size: int, *, state=None, key=
         if tensor.dtype == torch.bool:
             blob = triton_kernels.pack_mask(tensor.contiguous())
         else:
-            return triton_kernels.quantize(tensor.reshape(-1).contiguous(), bits, group_size, state=state, key=key,
+            # contiguous of any rank, not flattened: traced (``lowering="triton"``), a reshape is
+            # a buffer of its own that Inductor would write beside the activation
+            return triton_kernels.quantize(tensor.contiguous(), bits, group_size, state=state, key=key,
                                            count=count is not None)
     elif chosen == "cpu" and (tensor.dtype == torch.bool or (
             group_size <= _cpu_codec().MAX_GROUP and tensor.dtype in _cpu_codec().DTYPE_CODES)):
@@ -191,10 +193,10 @@ def encode_permuted(x: torch.Tensor, perm, bits: int, group_size: int, *, state=
         tokens = x.numel() // max(features, 1)
         in_place = x.permute(layout).is_contiguous() and _transposable(x, bits, tokens, features, group_size, x.dtype)
         if in_place:
-            matrix = x.permute(layout).reshape(tokens, features)  # a view
-            if in_place == "triton":
-                return _triton_codec().quantize_transposed(matrix, bits, group_size, state=state, key=key,
+            if in_place == "triton":  # (as it lies, features innermost: see ``encode``)
+                return _triton_codec().quantize_transposed(x.permute(layout), bits, group_size, state=state, key=key,
                                                            count=count is not None)
+            matrix = x.permute(layout).reshape(tokens, features)  # a view
             blob = _cpu_codec().quantize_transposed(matrix, bits, group_size, state=state, key=key)
             if count is not None:
                 count()

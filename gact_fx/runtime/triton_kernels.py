@@ -160,8 +160,8 @@ def _new_blob(numel: int, bits: int, group_size: int, itemsize: int, device) -> 
 
 
 def quantize(flat: torch.Tensor, bits: int, group_size: int, *, state=None, key=None, count: bool = False) -> torch.Tensor:
-    """Blob of a contiguous 1-D float tensor at ``bits`` in {1, 2, 3, 4, 8}; ``count``: advance
-    the site's counter (``state``) in the kernel."""
+    """Blob of a contiguous float tensor (of any rank, read as 1-D) at ``bits`` in {1, 2, 3, 4,
+    8}; ``count``: advance the site's counter (``state``) in the kernel."""
     source, from_state = _key_source(state, key)
     numel = flat.numel()
     groups = fmt.num_groups(numel, group_size)
@@ -188,10 +188,12 @@ def features_in_place(tokens: int, features: int, group_size: int) -> bool:
 def quantize_transposed(matrix: torch.Tensor, bits: int, group_size: int, *, state=None, key=None,
                         count: bool = False) -> torch.Tensor:
     """The blob of ``matrix.t()`` (feature-major groups) from a row-major [tokens, features]
-    matrix, read in place (``features_in_place`` must hold)."""
+    matrix (or a contiguous tensor of any rank, its innermost dimension the features), read
+    in place (``features_in_place`` must hold)."""
     source, from_state = _key_source(state, key)
-    tokens, features = matrix.shape
     numel = matrix.numel()
+    features = matrix.shape[-1]
+    tokens = numel // features
     token_blocks = tokens // group_size
     blob = _new_blob(numel, bits, group_size, matrix.element_size(), matrix.device)
     shape = block_shape(group_size, features, matrix.element_size(), bits, feature_major=True)
@@ -248,7 +250,7 @@ def pack_mask(mask: torch.Tensor) -> torch.Tensor:
     per_program = _capped_power_of_2(words, MASK_WORDS)
     with _on_device(mask):
         launch(pack_mask_kernel, _grid(words, per_program),
-               {"mask_ptr": mask.reshape(-1), "blob_ptr": blob, "numel": numel, "nbytes": blob.numel()},
+               {"mask_ptr": mask, "blob_ptr": blob, "numel": numel, "nbytes": blob.numel()},
                {"WORDS": per_program}, num_warps=WARPS)
     return blob
 

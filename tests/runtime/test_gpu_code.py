@@ -191,6 +191,62 @@ def test_inductor_finds_that_each_kernel_writes_its_output_alone():
                       "pack_mask_kernel": [["blob_ptr"]], "unpack_mask_kernel": [["out_ptr"]]}
 
 
+INDUCTOR_CODE_SCRIPT = r"""
+import json, os, sys
+import torch
+from triton.backends.compiler import GPUTarget
+from triton.runtime import driver
+
+class H100:  # enough of a GPU for Inductor to write its code; compiling a kernel then fails
+    def get_current_device(self): return 0
+    def get_current_stream(self, device=None): return 0
+    def get_current_target(self): return GPUTarget("cuda", 90, 32)
+    def get_active_torch_device(self): return torch.device("cpu")
+
+driver.set_active(H100())
+os.environ["GACT_FX_KERNELS"] = "triton"
+sys.path.insert(0, os.getcwd())
+import gact_fx
+from torch._inductor.graph import GraphLowering
+from tests.helpers import compiled_grads, model_case
+
+codes = []
+GraphLowering.save_output_code = staticmethod(codes.append)
+result = {}
+for name in ("mlp", "block"):
+    codes.clear()
+    model, inputs = model_case(name)
+    backend = gact_fx.backend(bits=2, compiler="inductor", lowering="triton")
+    try:
+        compiled_grads(model, inputs, backend)
+    except Exception:
+        pass  # the kernels' compile, after Inductor wrote the forward's code: no GPU
+    result[name] = {"forward": codes[0] if codes else "", "compressed": len(backend.records[0].compressions)}
+print(json.dumps(result))
+"""
+
+
+def test_inductor_writes_the_triton_lowerings_launches_into_its_own_code():
+    """On a stand-in sm_90 target Inductor lowers, schedules and writes the code of a
+    forward the Triton lowering traced: one read of the keys, each saved tensor's kernel
+    launched from that code (no ``gact::`` op), reading its activation where the activation
+    lies (on a real GPU the kernels then compile; here compiling them fails, as it should)."""
+    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", INDUCTOR_CODE_SCRIPT], capture_output=True, text=True,
+                          env=environment, timeout=600, cwd=pathlib.Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr[-3000:]
+    for name, found in json.loads(done.stdout.strip().splitlines()[-1]).items():
+        forward = found["forward"]
+        assert "def call(" in forward, (name, done.stderr[-2000:])
+        assert "gact.quantize" not in forward and forward.count("torch.ops.gact.keys.default(") == 1
+        launches = re.findall(r"\b(encode_\w+_kernel|pack_mask_kernel)_\d+\.run\((?:reinterpret_tensor\()?(\w+)", forward)
+        assert len(launches) == found["compressed"], (name, launches)
+        if name == "mlp":  # the matmuls' inputs are encoded from the buffers the matmuls read: no copy
+            matmul_inputs = set(re.findall(r"extern_kernels\.addmm\(\w+, (\w+),", forward))
+            encoded = {source for kernel, source in launches if kernel.startswith("encode")}
+            assert len(matmul_inputs & encoded) >= 2, (matmul_inputs, encoded)
+
+
 def test_a_launch_warmed_ahead_is_not_compiled_again(tmp_path):
     """``runtime.warm_cache`` compiles under the launcher's own cache key: the kernel a real
     launch then asks for is found on disk (no new cache entry), where an unwarmed one is compiled."""
