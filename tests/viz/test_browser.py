@@ -70,6 +70,7 @@ def test_saved_tensors_are_listed_by_bytes_held_with_their_bits_and_parameters_f
 
 def test_clicking_a_node_shows_its_details(page_and_report):
     page, _, _ = page_and_report
+    page.click("#zoom-fit")  # the whole graph in view: the first view shows its start
     node = page.locator(".node.quantize").first
     name = node.get_attribute("data-node").split(":", 1)[1]
     node.click()
