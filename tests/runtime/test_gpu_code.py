@@ -213,24 +213,27 @@ from tests.helpers import compiled_grads, model_case
 codes = []
 GraphLowering.save_output_code = staticmethod(codes.append)
 result = {}
-for name in ("mlp", "block"):
+for name, dynamic in (("mlp", False), ("block", False), ("block", True)):
     codes.clear()
+    torch._dynamo.reset()
     model, inputs = model_case(name)
     backend = gact_fx.backend(bits=2, compiler="inductor", lowering="triton")
     try:
-        compiled_grads(model, inputs, backend)
+        compiled_grads(model, inputs, backend, dynamic=dynamic)
     except Exception:
         pass  # the kernels' compile, after Inductor wrote the forward's code: no GPU
-    result[name] = {"forward": codes[0] if codes else "", "compressed": len(backend.records[0].compressions)}
+    result[name + (", dynamic" if dynamic else "")] = {
+        "forward": codes[0] if codes else "", "compressed": len(backend.records[0].compressions)}
 print(json.dumps(result))
 """
 
 
 def test_inductor_writes_the_triton_lowerings_launches_into_its_own_code():
     """On a stand-in sm_90 target Inductor lowers, schedules and writes the code of a
-    forward the Triton lowering traced: one read of the keys, each saved tensor's kernel
-    launched from that code (no ``gact::`` op), reading its activation where the activation
-    lies (on a real GPU the kernels then compile; here compiling them fails, as it should)."""
+    forward the Triton lowering traced, static or with dynamic sizes: one read of the keys,
+    each saved tensor's kernel launched from that code (no ``gact::`` op), reading its
+    activation where the activation lies (on a real GPU the kernels then compile; here
+    compiling them fails, as it should)."""
     environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", INDUCTOR_CODE_SCRIPT], capture_output=True, text=True,
                           env=environment, timeout=600, cwd=pathlib.Path(__file__).resolve().parents[2])
@@ -241,6 +244,9 @@ def test_inductor_writes_the_triton_lowerings_launches_into_its_own_code():
         assert "gact.quantize" not in forward and forward.count("torch.ops.gact.keys.default(") == 1
         launches = re.findall(r"\b(encode_\w+_kernel|pack_mask_kernel)_\d+\.run\((?:reinterpret_tensor\()?(\w+)", forward)
         assert len(launches) == found["compressed"], (name, launches)
+        if name.endswith("dynamic"):  # sizes, and so the grids, computed from the batch at run time
+            first = [line for line in forward.splitlines() if "_kernel_0.run(" in line]
+            assert first and all("//" in line for line in first), first
         if name == "mlp":  # the matmuls' inputs are encoded from the buffers the matmuls read: no copy
             matmul_inputs = set(re.findall(r"extern_kernels\.addmm\(\w+, (\w+),", forward))
             encoded = {source for kernel, source in launches if kernel.startswith("encode")}
