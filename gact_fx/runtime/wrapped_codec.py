@@ -32,10 +32,11 @@ def _check_triton(tensor: torch.Tensor, bits: int, dtype: torch.dtype | None = N
 
 
 def encode(x: torch.Tensor, perm: Sequence[int], bits: int, group_size: int, key: torch.Tensor) -> torch.Tensor:
-    stored = torch.bool if x.dtype == torch.uint8 else x.dtype  # (a mask as bytes, as the op takes it)
-    _check_triton(x, bits, stored)
+    if x.dtype == torch.uint8:
+        x = x.view(torch.bool)  # a mask as bytes, as the op takes it
+    _check_triton(x, bits)
     with through_wrap_triton():
-        return encode_permuted(x.view(torch.bool) if x.dtype == torch.uint8 else x, perm, bits, group_size, key=key)
+        return encode_permuted(x, perm, bits, group_size, key=key)
 
 
 def decode(blob: torch.Tensor, shape: Sequence, dtype: torch.dtype, group_size: int, perm: Sequence[int], bits: int,

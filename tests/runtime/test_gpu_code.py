@@ -30,6 +30,32 @@ CONSTRAINTS = pathlib.Path(__file__).resolve().parents[2] / "constraints.txt"
 BUDGET = {"float32": 45.0, "bfloat16": 24.0, "float16": 24.0}  # issue 32's targets, per element
 
 
+def without_interpreter(*arguments: str, extra: dict | None = None, timeout: int = 600, cwd=None):
+    """``python *arguments`` in a process without ``TRITON_INTERPRET`` (so ``@triton.jit`` gives
+    kernels that compile), with ``extra`` environment variables."""
+    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | (extra or {})
+    return subprocess.run([sys.executable, *arguments], capture_output=True, text=True, env=environment,
+                          timeout=timeout, cwd=cwd)
+
+
+# The start of every script below that needs a GPU's target without a GPU: the launcher's view
+# of an H100, enough for Triton to lower and compile a kernel (and Inductor to write its
+# code), never to run one.
+STAND_IN_H100 = r"""
+import torch
+from triton.backends.compiler import GPUTarget
+from triton.runtime import driver
+
+class H100:
+    def get_current_device(self): return 0
+    def get_current_stream(self, device=None): return 0
+    def get_current_target(self): return GPUTarget("cuda", 90, 32)
+    def get_active_torch_device(self): return torch.device("cpu")
+
+driver.set_active(H100())
+"""
+
+
 def pinned_triton() -> str | None:
     found = re.search(r"^triton==([\d.]+)", CONSTRAINTS.read_text(), flags=re.M) if CONSTRAINTS.exists() else None
     return found.group(1) if found else None
@@ -39,9 +65,7 @@ def pinned_triton() -> str | None:
 def variants():
     if triton.__version__ != pinned_triton():
         pytest.skip(f"instruction counts are checked on the pinned Triton {pinned_triton()}, not {triton.__version__}")
-    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-m", "gact_fx.bench.static_kernels"], capture_output=True, text=True,
-                          env=environment, timeout=1200)
+    done = without_interpreter("-m", "gact_fx.bench.static_kernels", timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 
@@ -97,19 +121,8 @@ def test_the_size_of_a_program_reaches_every_launch_the_block_size_table_compile
     assert ELEMENTS_PER_PROGRAM == default
 
 
-WARM_CACHE_SCRIPT = r"""
-import os, pathlib, torch
-from triton.backends.compiler import GPUTarget
-from triton.runtime import driver
-
-class H100:  # the launcher's view of a GPU, on a machine without one: enough to compile, never to run
-    def get_current_device(self): return 0
-    def get_current_stream(self, device=None): return 0
-    def get_current_target(self): return GPUTarget("cuda", 90, 32)
-    def get_active_torch_device(self): return torch.device("cpu")
-
-driver.set_active(H100())
-
+WARM_CACHE_SCRIPT = STAND_IN_H100 + r"""
+import os, pathlib
 from gact_fx.bench.static_kernels import record_launches
 from gact_fx.runtime import warm_cache
 from gact_fx.runtime.compile_check import kernel_function
@@ -138,19 +151,8 @@ print([launched(launch) for launch in launches[:3]])
 """
 
 
-WRITES_SCRIPT = r"""
-import json, torch
-from triton.backends.compiler import GPUTarget
-from triton.runtime import driver
-
-class H100:  # enough of a GPU for Triton to lower a kernel to its IR, as Inductor's analysis does
-    def get_current_device(self): return 0
-    def get_current_stream(self, device=None): return 0
-    def get_current_target(self): return GPUTarget("cuda", 90, 32)
-    def get_active_torch_device(self): return torch.device("cpu")
-
-driver.set_active(H100())
-
+WRITES_SCRIPT = STAND_IN_H100 + r"""
+import json
 from torch._higher_order_ops.triton_kernel_wrap import identify_accessed_tensors
 from gact_fx.bench.static_kernels import record_launches
 from gact_fx.runtime import warm_cache
@@ -180,9 +182,7 @@ def test_inductor_finds_that_each_kernel_writes_its_output_alone():
     cannot tell, takes every input as written, ordering the rest of the graph after it and
     treating activations as mutated). Each of gact's kernels, launched as the Triton
     lowering launches it, must be found to write its output alone."""
-    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", WRITES_SCRIPT], capture_output=True, text=True, env=environment,
-                          timeout=600)
+    done = without_interpreter("-c", WRITES_SCRIPT)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "assuming every input is mutated" not in done.stderr
     writes = json.loads(done.stdout.strip().splitlines()[-1])
@@ -191,19 +191,8 @@ def test_inductor_finds_that_each_kernel_writes_its_output_alone():
                       "pack_mask_kernel": [["blob_ptr"]], "unpack_mask_kernel": [["out_ptr"]]}
 
 
-INDUCTOR_CODE_SCRIPT = r"""
+INDUCTOR_CODE_SCRIPT = STAND_IN_H100 + r"""
 import json, os, sys
-import torch
-from triton.backends.compiler import GPUTarget
-from triton.runtime import driver
-
-class H100:  # enough of a GPU for Inductor to write its code; compiling a kernel then fails
-    def get_current_device(self): return 0
-    def get_current_stream(self, device=None): return 0
-    def get_current_target(self): return GPUTarget("cuda", 90, 32)
-    def get_active_torch_device(self): return torch.device("cpu")
-
-driver.set_active(H100())
 os.environ["GACT_FX_KERNELS"] = "triton"
 sys.path.insert(0, os.getcwd())
 import gact_fx
@@ -234,9 +223,7 @@ def test_inductor_writes_the_triton_lowerings_launches_into_its_own_code():
     each saved tensor's kernel launched from that code (no ``gact::`` op), reading its
     activation where the activation lies (on a real GPU the kernels then compile; here
     compiling them fails, as it should)."""
-    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", INDUCTOR_CODE_SCRIPT], capture_output=True, text=True,
-                          env=environment, timeout=600, cwd=pathlib.Path(__file__).resolve().parents[2])
+    done = without_interpreter("-c", INDUCTOR_CODE_SCRIPT, cwd=pathlib.Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stderr[-3000:]
     for name, found in json.loads(done.stdout.strip().splitlines()[-1]).items():
         forward = found["forward"]
@@ -258,9 +245,7 @@ def test_a_launch_warmed_ahead_is_not_compiled_again(tmp_path):
     launch then asks for is found on disk (no new cache entry), where an unwarmed one is compiled."""
     if triton.__version__ != pinned_triton():
         pytest.skip(f"checked on the pinned Triton {pinned_triton()}, not {triton.__version__}")
-    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_CACHE_DIR": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-c", WARM_CACHE_SCRIPT], capture_output=True, text=True, env=environment,
-                          timeout=600)
+    done = without_interpreter("-c", WARM_CACHE_SCRIPT, extra={"TRITON_CACHE_DIR": str(tmp_path)})
     assert done.returncode == 0, done.stderr[-3000:]
     new_entries = json.loads(done.stdout.strip().splitlines()[-1])
     assert new_entries[:2] == [0, 0] and new_entries[2] > 0, new_entries
@@ -276,8 +261,7 @@ def test_warming_in_a_pool_reports_each_launch_it_could_not_compile(tmp_path):
     script = ("import torch, json\nfrom gact_fx.bench.static_kernels import record_launches\n"
               "from gact_fx.runtime.warm_cache import warm\n"
               "print(json.dumps(warm(list(record_launches((torch.float32,), (2,)))[:2], workers=2)))\n")
-    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_CACHE_DIR": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=environment, timeout=600)
+    done = without_interpreter("-c", script, extra={"TRITON_CACHE_DIR": str(tmp_path)})
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert (report["launches"], report["failed"], report["unfinished"], report["workers"]) == (2, 2, 0, 2)
