@@ -8,6 +8,7 @@ in the same run. Prints a Markdown table (and writes JSON with --json).
     python benchmarks/cpu_step_time.py --models block --compilers eager
     python benchmarks/cpu_step_time.py --models char-gpt --bits 2 --feature-groups --name cpu_step_time_feature_groups
     python benchmarks/cpu_step_time.py --models char-gpt block --compilers inductor --bits 3 --rotation 32 --name cpu_step_time_rotation
+    python benchmarks/cpu_step_time.py --models char-gpt block --compilers inductor --bits 3 --dithered --name cpu_step_time_dithered
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ def main(argv=None):
     parser.add_argument("--lowering", default="op", choices=("op", "aten"), help="gact's lowering (aten: Inductor only)")
     parser.add_argument("--feature-groups", action="store_true", help="also measure each width with feature_groups=True")
     parser.add_argument("--rotation", type=int, default=0, help="also measure each width with this rotation block")
+    parser.add_argument("--dithered", action="store_true", help="also measure each width with rounding='dithered'")
     parser.add_argument("--name", default="cpu_step_time", help="results file stem")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -96,6 +98,8 @@ def main(argv=None):
                 variants[", feature groups"] = {"feature_groups": True}
             if args.rotation:
                 variants[f", rotation {args.rotation}"] = {"rotation": args.rotation}
+            if args.dithered:
+                variants[", dithered"] = {"rounding": "dithered"}
             for bits in args.bits:
                 for suffix, options in variants.items():
                     backend = gact_fx.backend(bits=bits, compiler=compiler, lowering=args.lowering, **options)

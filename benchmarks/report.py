@@ -35,6 +35,9 @@ TABLE_FILES = {
     "cpu_step_time_rotation.json": ("CPU step time with the rotation",
                                     "`rotation=32` against none, at 3 bits under Inductor, in the same run: the "
                                     "rotation is a torch matmul around the C++ codec."),
+    "cpu_step_time_dithered.json": ("CPU step time with dithered rounding",
+                                    "`rounding='dithered'` against stochastic rounding, at 3 bits under Inductor, in "
+                                    "the same run: the C++ codec's decode draws the noise again."),
     "compile_time.json": ("Compile time on the CPU: gact against plain Inductor, cold and warm",
                           "`benchmarks/compile_time.py`: the first training step (forward and backward, both "
                           "compiled) in a fresh process per run, on an empty Inductor cache (cold: every kernel "
@@ -128,6 +131,17 @@ TABLE_FILES = {
                                            "percent of the gradient: unbiased, it stays near 1x the averaging floor. "
                                            "Then the adaptive levels likewise: their loss on the masked LM is not "
                                            "a bias."),
+    "warm_gradient_error_dither_bert.json": ("Gradient error against the minibatch's noise: dithered rounding on the masked LM",
+                                             "`benchmarks/warm_gradient_error.py --task charlm-bert --configs 'uniform 4, "
+                                             "feature groups' 'uniform 4, feature groups, dithered' ... --name "
+                                             "warm_gradient_error_dither_bert`: each width with stochastic rounding and "
+                                             "with `rounding='dithered'` (the same codes; the decoder subtracts the "
+                                             "noise again), same bytes but 8 a tensor. The variance added halves at "
+                                             "every width and the mean stays at the averaging floor."),
+    "warm_gradient_error_dither_llama.json": ("Gradient error against the minibatch's noise: dithered rounding on the Llama",
+                                              "As above, `--task charlm-llama`."),
+    "warm_gradient_error_dither_gpt.json": ("Gradient error against the minibatch's noise: dithered rounding on the char GPT",
+                                            "As above, `--task charlm`."),
     "feature_groups_error.json": ("Gradient error: groups along features where the innermost dimension is not one",
                                   "`benchmarks/feature_groups_error.py --name feature_groups_error`: one draw's "
                                   "gradient error at init with `feature_groups` on and off, on the CNNs, the MLP and "

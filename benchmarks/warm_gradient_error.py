@@ -48,6 +48,9 @@ CONFIGS = {
     "uniform 4, feature groups": {"bits": 4, "feature_groups": True},
     "uniform 4, feature groups, attention floor 4": {"bits": 4, "nonlinear_bits": 4, "feature_groups": True},
     "uniform 3, feature groups, attention floor 4": {"bits": 3, "nonlinear_bits": 4, "feature_groups": True},
+    "uniform 4, feature groups, dithered": {"bits": 4, "feature_groups": True, "rounding": "dithered"},
+    "uniform 3, feature groups, dithered": {"bits": 3, "feature_groups": True, "rounding": "dithered"},
+    "uniform 2, feature groups, dithered": {"bits": 2, "feature_groups": True, "rounding": "dithered"},
     "uniform 2": {"bits": 2, "feature_groups": False},
     "uniform 2, feature groups": {"bits": 2, "feature_groups": True},
     "L2.1": {"level": "L2.1", **_PROBE_ALL},
@@ -75,6 +78,13 @@ CONFIGS = {
     "L2.2, relative metric": {"level": "L2.2", "gradient_metric": "relative", **_PROBE_ALL},
     "L2.2, feature groups, relative metric": {"level": "L2.2", "feature_groups": True, "gradient_metric": "relative",
                                               **_PROBE_ALL},
+    "L2.2, feature groups, dithered": {"level": "L2.2", "feature_groups": True, "rounding": "dithered", **_PROBE_ALL},
+    "L2.2, feature groups, relative metric, dithered": {"level": "L2.2", "feature_groups": True,
+                                                        "gradient_metric": "relative", "rounding": "dithered",
+                                                        **_PROBE_ALL},
+    "adaptive 2.5, feature groups, relative metric, dithered": {"avg_bits": 2.5, "feature_groups": True,
+                                                                "gradient_metric": "relative", "rounding": "dithered",
+                                                                **_PROBE_ALL},
 }
 
 

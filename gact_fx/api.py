@@ -139,6 +139,7 @@ class _GatedCall:
         handle.hooks = HookCompressor(
             self.model, registry=handle.backend.registry, bits=config.initial_bits, group_size=config.core.group_size,
             min_numel=config.core.min_numel, feature_groups=config.core.feature_groups, rotation=config.core.rotation,
+            dithered=config.core.rounding == "dithered",
         )
         log.warning(
             "gact: torch.compile captured no training graph of %s, so this step ran uncompressed; "

@@ -25,6 +25,7 @@ from .runtime.rotation import check_block as check_rotation_block
 
 COMPILERS = ("auto", "inductor", "eager")
 LOWERINGS = ("auto", "op", "aten", "triton")
+ROUNDINGS = ("stochastic", "dithered")
 PARTITIONERS = ("min_cut", "default")
 GRADIENT_METRICS = ("relative", "absolute")
 
@@ -61,6 +62,13 @@ class CoreConfig:
     (docs/accuracy.md says on which models it paid). Same bytes. Tensors whose innermost
     dimension it does not divide are stored unrotated. Needs ``lowering='op'``."""
 
+    rounding: str = "stochastic"
+    """How a float value becomes a code and comes back, unbiased either way:
+    ``"stochastic"`` rounds up or down at random; ``"dithered"`` (subtractive dither) keeps
+    the same codes and subtracts the same noise when it decodes, which halves the variance
+    the rounding adds (``runtime.format``) for 8 more bytes a tensor and a decoder that
+    draws the noise again (docs/accuracy.md). Needs ``lowering='op'``."""
+
     min_numel: int = 4096
     """Saved tensors with fewer elements stay in full precision (too small to matter)."""
 
@@ -91,6 +99,8 @@ class CoreConfig:
         for name in ("bits", "group_size", "min_numel", "nonlinear_bits", "rotation"):
             _check_type(name, getattr(self, name), int)
         check_rotation_block(self.rotation)
+        if self.rounding not in ROUNDINGS:
+            raise ValueError(f"rounding must be one of {ROUNDINGS}, got {self.rounding!r}")
         fmt.check_bits(self.bits)
         if self.nonlinear_bits not in fmt.SUPPORTED_BITS:
             raise ValueError(f"nonlinear_bits must be one of {fmt.SUPPORTED_BITS}, got {self.nonlinear_bits!r}")
@@ -246,6 +256,9 @@ class GactConfig:
         if traced and self.core.rotation:
             raise ValueError(f"lowering={self.compile.lowering!r} writes plain blobs in traced code; rotation needs "
                              "lowering='op' or 'auto'")
+        if traced and self.core.rounding != "stochastic":
+            raise ValueError(f"lowering={self.compile.lowering!r} writes plain blobs in traced code; "
+                             f"rounding={self.core.rounding!r} needs lowering='op' or 'auto'")
 
     @property
     def enabled(self) -> bool:

@@ -129,7 +129,7 @@ class GactBackend:
                      compiler if compiler == "eager" else "Inductor", _describe(config))
         partitioner = GactPartitioner(
             config, graph_index=records_before, compiler=compiler, on_record=self._add_record,
-            allocate_slot=lambda: self.registry.new_site().slot,
+            allocate_slot=lambda: self._new_site(config).slot,
         )
         # No AOTAutograd cache: a hit would skip the partitioner, and with it the report and
         # the controller's registration. No donated buffers in adaptive mode: the probe runs
@@ -160,6 +160,13 @@ class GactBackend:
             region = self.controller.add_region(record.index, self._tracked_tensors(record, config.initial_bits))
             compiled = self.controller.wrap(region, compiled)
         return compiled
+
+    def _new_site(self, config: GactConfig):
+        """A site for one compression, flagged for dithered blobs before anything traces its
+        quantize (the blob's length depends on it)."""
+        site = self.registry.new_site()
+        site.dithered = config.core.rounding == "dithered"
+        return site
 
     def _prepare_sites(self, record: GraphRecord) -> None:
         """Make each site's noise state now, at compile time, on its tensor's device: made

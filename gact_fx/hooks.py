@@ -40,13 +40,14 @@ class HookCompressor:
 
     def __init__(
         self, model: torch.nn.Module, *, registry: SlotRegistry, bits: int, group_size: int, min_numel: int,
-        feature_groups: bool = True, rotation: int = 0,
+        feature_groups: bool = True, rotation: int = 0, dithered: bool = False,
     ) -> None:
         self.bits, self.group_size, self.min_numel = bits, group_size, min_numel
         self.feature_groups = feature_groups
         self._model = model
         site = registry.new_site()
         site.rotation = rotation  # the ops rotate the tensors whose innermost dimension it divides
+        site.dithered = dithered
         self._slot = site.slot
         self.last_step = HookStep(bits)  # what the hooks did in the latest forward (the report's)
 

@@ -62,6 +62,7 @@ class SavedTensorRow:
     bits_source: str = ""  # where they came from: override, adaptive, uniform, floor, mask (``passes.plan.BitsSource``)
     groups: str = ""  # compressed rows: "contiguous" elements or tokens of one "feature" per group, and the rotation
     label: str = ""  # the name a user knows: module path and function (``passes.names``)
+    dithered: bool = False  # compressed rows: its blob keeps its key for a dithered decode
 
     @property
     def is_activation(self) -> bool:
@@ -95,6 +96,7 @@ class CompressionRecord:
     carried_numel: int = 0  # elements of saved tensors the backward rebuilds from it (``passes.affine``)
     device: str = "cpu"  # where the tensor lives: its site's noise state is made there at compile time
     rotation: int = 0  # the Hadamard block it is rotated by below 32 bits (``runtime.rotation``); 0: none
+    dithered: bool = False  # its blob keeps its key for a dithered decode (``CoreConfig.rounding``)
 
     @property
     def is_float(self) -> bool:
@@ -160,6 +162,7 @@ def _rows(index: int, saved: SavedGraph, plan: CompressionPlan) -> list[SavedTen
                     bits_source=_source_name(compression),
                     groups=compression.groups + (f", Hadamard {compression.rotation}" if compression.rotation else ""),
                     label=compression.label,
+                    dithered=compression.dithered,
                 )
             )
             continue
@@ -211,6 +214,7 @@ def _compression_records(plan: CompressionPlan) -> tuple[CompressionRecord, ...]
             carried_numel=c.carried_numel,
             device=str(c.source.meta["val"].device),
             rotation=c.rotation,
+            dithered=c.dithered,
         )
         for c in plan.compressions
     )
@@ -268,7 +272,7 @@ def _in_force(row: SavedTensorRow, bits: Mapping[int, int]) -> SavedTensorRow:
     width = bits[row.slot]
     after = row.bytes_after
     if row.stored == "compressed":
-        after = hint(blob_nbytes(row.stored_numel, getattr(torch, row.dtype), width, row.group_size))
+        after = hint(blob_nbytes(row.stored_numel, getattr(torch, row.dtype), width, row.group_size, row.dithered))
     return dataclasses.replace(row, bits=width, bytes_after=after)
 
 

@@ -80,6 +80,11 @@ def test_rotated_2_bit_gradients_reach_the_averaging_floor(name):
     assert mean_over_floor(name, {"bits": 2, "rotation": 32}) <= 1.5
 
 
+@pytest.mark.parametrize("name", ["char-lm", "llama-like"])
+def test_dithered_2_bit_gradients_reach_the_averaging_floor(name):
+    assert mean_over_floor(name, {"bits": 2, "rounding": "dithered"}) <= 1.5
+
+
 def test_without_the_floor_or_a_consistent_attention_backward_the_warm_char_lm_is_biased():
     # the saved logsumexp rounded apart from q and k: rows of exp(q k^T - lse) stop summing to 1
     assert mean_over_floor("char-lm", {"bits": 2, "nonlinear_bits": 1, "recompute_attention": False}) > 2

@@ -97,11 +97,16 @@ def record_launches(dtypes=DTYPES, widths=WIDTHS) -> dict[Launch, tuple[str, str
         matrix = x.view(TOKENS, FEATURES)
         for bits in widths:
             blob = torch.zeros(fmt.float_blob_nbytes(x.numel(), bits, GROUP, x.element_size()), dtype=torch.uint8)
+            keyed = torch.zeros(fmt.float_blob_nbytes(x.numel(), bits, GROUP, x.element_size(), True), dtype=torch.uint8)
             calls = {
                 "quantize": lambda: tk.quantize(x, bits, GROUP, state=state, count=True),
                 "dequantize": lambda: tk.dequantize(blob, x.numel(), dtype, GROUP),
                 "quantize, feature groups": lambda: tk.quantize_transposed(matrix, bits, GROUP, state=state, count=True),
                 "dequantize, feature groups": lambda: tk.dequantize_transposed(blob, TOKENS, FEATURES, dtype, GROUP),
+                # (a dithered quantize is the same kernel, after one program that writes the key)
+                "dequantize, dithered": lambda: tk.dequantize(keyed, x.numel(), dtype, GROUP, dithered=True),
+                "dequantize, feature groups, dithered": lambda: tk.dequantize_transposed(
+                    keyed, TOKENS, FEATURES, dtype, GROUP, dithered=True),
             }
             for what, call in calls.items():
                 with LaunchRecorder(run=False) as recorder:

@@ -61,6 +61,13 @@ METHODS = {
                                                       "gradient_metric": "relative"},
     "adaptive 2.75, feature groups, relative metric": {"avg_bits": 2.75, "feature_groups": True,
                                                        "gradient_metric": "relative"},
+    # dithered rounding (rounding='dithered'): the same codes, half the variance
+    "L1, feature groups, dithered": {"level": "L1", "feature_groups": True, "rounding": "dithered"},
+    "3 bit, feature groups, dithered": {"bits": 3, "feature_groups": True, "rounding": "dithered"},
+    "L1.2, feature groups, dithered": {"level": "L1.2", "feature_groups": True, "rounding": "dithered"},
+    "L2.2, feature groups, dithered": {"level": "L2.2", "feature_groups": True, "rounding": "dithered"},
+    "L2.2, feature groups, relative metric, dithered": {"level": "L2.2", "feature_groups": True,
+                                                        "gradient_metric": "relative", "rounding": "dithered"},
 }  # gact options by level, for benchmarks/convergence.py
 
 

@@ -148,6 +148,7 @@ class Compression:
     channels_last: bool = False  # the source is laid out channels-last at run time (``PlanOptions.channels_last``)
     carried_numel: int = 0  # elements of saved tensors the backward rebuilds from it (``passes.affine``)
     rotation: int = 0  # the Hadamard block it is rotated by below 32 bits (``runtime.rotation``); 0: none
+    dithered: bool = False  # its blob keeps its key for a dithered decode (``CoreConfig.rounding``)
 
     @property
     def name(self) -> str:
@@ -263,7 +264,8 @@ class _Planner:
             layout = dataclasses.replace(layout, perm=CHANNELS_LAST)
         perm = encoding_order(layout, val.dtype, self.options.core.group_size, self.options.core.feature_groups)
         bits = 1 if val.dtype == torch.bool else self.options.bits
-        after = hint(blob_nbytes(layout.numel, val.dtype, bits, self.options.core.group_size))
+        dithered = self.options.core.rounding == "dithered" and val.dtype != torch.bool
+        after = hint(blob_nbytes(layout.numel, val.dtype, bits, self.options.core.group_size, dithered))
         use = self.use_of(value.position for value, _ in members)
         floor = self.options.core.nonlinear_bits if use.use is Use.EXPONENTIAL and val.dtype != torch.bool else 1
         self.compressions.append(
@@ -283,6 +285,7 @@ class _Planner:
                 carried_numel=sum(gact_meta(value.node).get(CARRIES, 0) for value, _ in members),
                 rotation=self.options.core.rotation if rotates([hint(s) for s in val.shape], val.dtype, bits,
                                                                self.options.core.rotation) else 0,
+                dithered=dithered,
             )
         )
 
@@ -391,7 +394,7 @@ def assign_bits(plan: CompressionPlan, choose: BitsChooser, estimate_bits: int |
             reason = f"{reason}, at least {floor} bits: {compression.use.use} use, {compression.use.reason}"
         val = compression.source.meta["val"]
         shown = max(estimate_bits or 1, floor) if bits == RUNTIME_BITS else bits
-        after = hint(blob_nbytes(layout_of(val).numel, val.dtype, shown, compression.group_size))
+        after = hint(blob_nbytes(layout_of(val).numel, val.dtype, shown, compression.group_size, compression.dithered))
         rotation = 0 if bits == PASS_THROUGH_BITS else compression.rotation
         updated.append(dataclasses.replace(compression, bits=bits, bytes_after=after, floor=floor, bits_reason=reason,
                                            bits_source=source, rotation=rotation))

@@ -650,8 +650,38 @@ inline u16l load_codes16(const uint8_t* codes, int64_t group, int64_t j) {
 }
 #endif  // GACT_SIXTEEN_LANES
 
+// The codes of elements j..j+7 of a group (j a multiple of 8), one per lane.
+template <int BITS>
+inline u8 load_codes8(const uint8_t* codes, int64_t group, int64_t j) {
+  constexpr uint32_t L = (1u << BITS) - 1;
+  if constexpr (BITS == 8) {
+#if defined(__AVX2__)
+    u8 code;
+    const __m256i wide = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + j)));
+    std::memcpy(&code, &wide, sizeof(code));
+    return code;
+#else
+    b8 bytes;
+    std::memcpy(&bytes, codes + j, 8);
+    return __builtin_convertvector(bytes, u8);
+#endif
+  } else if constexpr (BITS == 3) {
+    uint32_t low = 0;
+    std::memcpy(&low, codes + j / 4, 2);
+    const uint32_t high = codes[group / 4 + j / 8];
+    return ((splat_u(low) >> (LANES * 2)) & splat_u(3)) | (((splat_u(high) >> LANES) & splat_u(1)) << 2);
+  } else {
+    uint32_t packed = 0;
+    std::memcpy(&packed, codes + j * BITS / 8, BITS);
+    return (splat_u(packed) >> (LANES * BITS)) & splat_u(L);
+  }
+}
+
+// ``dithered``: a dithered blob's group (runtime.format), its noise drawn again from ``key``
+// (the call word): value = ((code + 0.5) - u) * scale + min.
 template <int BITS, typename T>
-void decode_group(const uint8_t* blob, int64_t numel, int64_t g, int64_t group, int64_t groups, T* out, float dmax) {
+void decode_group(const uint8_t* blob, int64_t numel, int64_t g, int64_t group, int64_t groups, T* out, float dmax,
+                  bool dithered, uint32_t key) {
   constexpr uint32_t L = (1u << BITS) - 1;
   const uint32_t stored = load_word(blob, g);
   const float word = word_half(stored);
@@ -667,8 +697,18 @@ void decode_group(const uint8_t* blob, int64_t numel, int64_t g, int64_t group, 
   const bool partial = base + group > numel;
   T* target = partial ? tail : out + base;
   int64_t j = 0;
+  if (dithered) {  // (groups are a multiple of 16 elements: one pair hash serves sixteen)
+    for (; j < group; j += 16) {
+      const u8 hashes = pair_hash8((uint64_t)(base + j), key);
+      for (int upper = 0; upper < 2; ++upper) {
+        const u8 code = load_codes8<BITS>(codes, group, j + 8 * upper);
+        const f8 shifted = (__builtin_convertvector((i8)code, f8) + 0.5f) - uniforms(hashes, upper);
+        store8(target + j + 8 * upper, code == marker ? special : shifted * scale8 + lo);
+      }
+    }
+  }
 #if GACT_SIXTEEN_LANES
-  if ((group & 15) == 0) {  // sixteen lanes
+  if ((group & 15) == 0 && !dithered) {  // sixteen lanes
     const f16l special16 = splat16(special[0]), scale16 = splat16(scale), lo16 = splat16(lo[0]);
     const u16l marker16 = splat16_u(marker[0]);
     const auto decode = [&](auto store) {
@@ -686,26 +726,7 @@ void decode_group(const uint8_t* blob, int64_t numel, int64_t g, int64_t group, 
   }
 #endif
   for (; j < group; j += 8) {
-    u8 code;
-    if constexpr (BITS == 8) {
-#if defined(__AVX2__)
-      const __m256i wide = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + j)));
-      std::memcpy(&code, &wide, sizeof(code));
-#else
-      b8 bytes;
-      std::memcpy(&bytes, codes + j, 8);
-      code = __builtin_convertvector(bytes, u8);
-#endif
-    } else if constexpr (BITS == 3) {
-      uint32_t low = 0;
-      std::memcpy(&low, codes + j / 4, 2);
-      const uint32_t high = codes[group / 4 + j / 8];
-      code = ((splat_u(low) >> (LANES * 2)) & splat_u(3)) | (((splat_u(high) >> LANES) & splat_u(1)) << 2);
-    } else {
-      uint32_t packed = 0;
-      std::memcpy(&packed, codes + j * BITS / 8, BITS);
-      code = (splat_u(packed) >> (LANES * BITS)) & splat_u(L);
-    }
+    const u8 code = load_codes8<BITS>(codes, group, j);
     const f8 product = __builtin_convertvector((i8)code, f8) * scale8;
     store8(target + j, code == marker ? special : product + lo);
   }
@@ -728,20 +749,21 @@ void encode_all(const T* x, int64_t numel, int64_t group, uint8_t* blob, uint32_
 }
 
 template <int BITS, typename T>
-void decode_all(const uint8_t* blob, int64_t numel, int64_t group, T* out, float dmax) {
+void decode_all(const uint8_t* blob, int64_t numel, int64_t group, T* out, float dmax, bool dithered, uint32_t key) {
   const int64_t groups = (numel + group - 1) / group;
 #pragma omp parallel for schedule(static) if (groups > 64)
-  for (int64_t g = 0; g < groups; ++g) decode_group<BITS, T>(blob, numel, g, group, groups, out, dmax);
+  for (int64_t g = 0; g < groups; ++g) decode_group<BITS, T>(blob, numel, g, group, groups, out, dmax, dithered, key);
 }
 
 template <typename T>
-int decode_typed(const uint8_t* blob, int64_t numel, int64_t group, T* out, int bits, float dmax) {
+int decode_typed(const uint8_t* blob, int64_t numel, int64_t group, T* out, int bits, float dmax, bool dithered,
+                 uint32_t key) {
   switch (bits) {
-    case 1: decode_all<1>(blob, numel, group, out, dmax); return 0;
-    case 2: decode_all<2>(blob, numel, group, out, dmax); return 0;
-    case 3: decode_all<3>(blob, numel, group, out, dmax); return 0;
-    case 4: decode_all<4>(blob, numel, group, out, dmax); return 0;
-    case 8: decode_all<8>(blob, numel, group, out, dmax); return 0;
+    case 1: decode_all<1>(blob, numel, group, out, dmax, dithered, key); return 0;
+    case 2: decode_all<2>(blob, numel, group, out, dmax, dithered, key); return 0;
+    case 3: decode_all<3>(blob, numel, group, out, dmax, dithered, key); return 0;
+    case 4: decode_all<4>(blob, numel, group, out, dmax, dithered, key); return 0;
+    case 8: decode_all<8>(blob, numel, group, out, dmax, dithered, key); return 0;
   }
   return 1;
 }
@@ -977,7 +999,7 @@ constexpr int64_t LOCAL_CODES = 16384;  // bytes: a segment of 64 groups of 256 
 
 template <int BITS, typename T, typename V>
 void decode_block(const uint8_t* blob, int64_t N, int64_t C, int64_t t0, int64_t v0, int vectors, int64_t group,
-                  int64_t groups, T* out, float dmax) {
+                  int64_t groups, T* out, float dmax, bool dithered, uint32_t key) {
   constexpr uint32_t L = (1u << BITS) - 1;
   constexpr int W = BITS == 3 ? 16 : 32 / BITS;  // tokens per word read (at 3 bits, of the low plane)
   const int64_t group_bytes = group * BITS / 8;
@@ -1018,7 +1040,8 @@ void decode_block(const uint8_t* blob, int64_t N, int64_t C, int64_t t0, int64_t
   T* dst = out + t0 * C + v0 * LANES_W;
   const bool next_segment = (v0 + VECTORS) * LANES_W < C;
   U packed[VECTORS], high[VECTORS];
-  const auto decode = [&](auto store) {
+  U chunk_low[VECTORS], chunk_high[VECTORS];  // dithered: the pair hashes' inputs for tokens of one 16-token chunk
+  const auto decode = [&](auto store, auto dither) {
     for (int64_t j = 0; j < group; j += W) {
       const int64_t count = std::min<int64_t>(W, group - j);
       for (int v = 0; v < vectors; ++v) {
@@ -1039,12 +1062,30 @@ void decode_block(const uint8_t* blob, int64_t N, int64_t C, int64_t t0, int64_t
       }
       for (int64_t k = 0; k < count; ++k) {
         const U shift = V::splat_u((uint32_t)(k * (BITS == 3 ? 2 : BITS)));
+        const int64_t t = j + k;
+        if constexpr (decltype(dither)::value) {
+          // runtime.noise's pairs, as encode_block draws them: element (feature c, token t0 + t) is
+          // c * N + t0 + t in the blob's order, hash t & 7 of its 16-token chunk, half t & 8
+          if (t % 16 == 0)
+            for (int v = 0; v < vectors; ++v)
+              for (int l = 0; l < LANES_W; ++l) {
+                const uint64_t pair = (((uint64_t)((v0 + v) * LANES_W + l) * (uint64_t)N + (uint64_t)(t0 + t)) >> 4) * 8;
+                chunk_low[v][l] = (uint32_t)pair;
+                chunk_high[v][l] = key ^ ((uint32_t)(pair >> 32) * M1);
+              }
+        }
         for (int v = 0; v < vectors; ++v) {
           U code = (packed[v] >> shift) & V::splat_u(L);
           if constexpr (BITS == 3)
             code = (code & V::splat_u(3)) | (((high[v] >> V::splat_u((uint32_t)k)) & V::splat_u(1)) << 2);
-          const F product = __builtin_convertvector((I)code, F) * scales[v];
-          store(dst + (j + k) * C + v * LANES_W, code == marker[v] ? special[v] : product + lo[v]);
+          F value;
+          if constexpr (decltype(dither)::value) {
+            const U hash = fmix32(((chunk_low[v] + V::splat_u((uint32_t)(t & 7))) * V::splat_u(GOLDEN)) ^ chunk_high[v]);
+            value = ((__builtin_convertvector((I)code, F) + 0.5f) - V::uniforms(hash, t & 8)) * scales[v] + lo[v];
+          } else {
+            value = __builtin_convertvector((I)code, F) * scales[v] + lo[v];
+          }
+          store(dst + (j + k) * C + v * LANES_W, code == marker[v] ? special[v] : value);
           // the next segment's line of this row, to be written: as in encode_block (1.03-1.45x)
           if (next_segment) __builtin_prefetch(dst + (j + k) * C + SEGMENT_FEATURES + v * LANES_W, 1);
         }
@@ -1056,10 +1097,11 @@ void decode_block(const uint8_t* blob, int64_t N, int64_t C, int64_t t0, int64_t
     bool plain = true;
     for (int v = 0; v < vectors; ++v)
       for (int l = 0; l < LANES_W; ++l) plain &= plain_range(scales[v][l], lo[v][l]);
-    if (plain) return decode([](bf16* p, F v) { store16_native(p, v); });
+    if (plain && !dithered) return decode([](bf16* p, F v) { store16_native(p, v); }, std::false_type{});
   }
 #endif
-  decode([](T* p, F v) { V::store(p, v); });
+  if (dithered) return decode([](T* p, F v) { V::store(p, v); }, std::true_type{});
+  decode([](T* p, F v) { V::store(p, v); }, std::false_type{});
 }
 
 // Blocks in token-major order, so that each thread reads whole rows of the matrix.
@@ -1084,7 +1126,8 @@ void encode_transposed_all(const T* x, int64_t N, int64_t C, int64_t group, uint
 }
 
 template <int BITS, typename T, typename V>
-void decode_segments(const uint8_t* blob, int64_t N, int64_t C, int64_t group, T* out, float dmax) {
+void decode_segments(const uint8_t* blob, int64_t N, int64_t C, int64_t group, T* out, float dmax, bool dithered,
+                     uint32_t key) {
   constexpr int64_t per_segment = SEGMENT_FEATURES / V::WIDTH;
   const int64_t vectors = C / V::WIDTH, segments = (vectors + per_segment - 1) / per_segment;
   const int64_t blocks = (N / group) * segments;
@@ -1092,18 +1135,20 @@ void decode_segments(const uint8_t* blob, int64_t N, int64_t C, int64_t group, T
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t v0 = (b % segments) * per_segment;
     decode_block<BITS, T, V>(blob, N, C, (b / segments) * group, v0, (int)std::min<int64_t>(per_segment, vectors - v0),
-                             group, C * (N / group), out, dmax);
+                             group, C * (N / group), out, dmax, dithered, key);
   }
 }
 
 template <int BITS, typename T>
-void decode_transposed_all(const uint8_t* blob, int64_t N, int64_t C, int64_t group, T* out, float dmax) {
+void decode_transposed_all(const uint8_t* blob, int64_t N, int64_t C, int64_t group, T* out, float dmax, bool dithered,
+                           uint32_t key) {
 #if GACT_SIXTEEN_LANES
   // 16-bit outputs only: there sixteen lanes store 32 bytes a row and run 1.2-1.6x faster;
   // float32 gained at most 1.1x below 4 bits and lost at 4 and 8 (gathering sixteen words).
-  if (C % 16 == 0 && sizeof(T) == 2) return decode_segments<BITS, T, SixteenLanes>(blob, N, C, group, out, dmax);
+  if (C % 16 == 0 && sizeof(T) == 2)
+    return decode_segments<BITS, T, SixteenLanes>(blob, N, C, group, out, dmax, dithered, key);
 #endif
-  decode_segments<BITS, T, EightLanes>(blob, N, C, group, out, dmax);
+  decode_segments<BITS, T, EightLanes>(blob, N, C, group, out, dmax, dithered, key);
 }
 
 template <typename T>
@@ -1120,13 +1165,14 @@ int encode_transposed_typed(const T* x, int64_t N, int64_t C, int64_t group, uin
 }
 
 template <typename T>
-int decode_transposed_typed(const uint8_t* blob, int64_t N, int64_t C, int64_t group, T* out, int bits, float dmax) {
+int decode_transposed_typed(const uint8_t* blob, int64_t N, int64_t C, int64_t group, T* out, int bits, float dmax,
+                            bool dithered, uint32_t key) {
   switch (bits) {
-    case 1: decode_transposed_all<1>(blob, N, C, group, out, dmax); return 0;
-    case 2: decode_transposed_all<2>(blob, N, C, group, out, dmax); return 0;
-    case 3: decode_transposed_all<3>(blob, N, C, group, out, dmax); return 0;
-    case 4: decode_transposed_all<4>(blob, N, C, group, out, dmax); return 0;
-    case 8: decode_transposed_all<8>(blob, N, C, group, out, dmax); return 0;
+    case 1: decode_transposed_all<1>(blob, N, C, group, out, dmax, dithered, key); return 0;
+    case 2: decode_transposed_all<2>(blob, N, C, group, out, dmax, dithered, key); return 0;
+    case 3: decode_transposed_all<3>(blob, N, C, group, out, dmax, dithered, key); return 0;
+    case 4: decode_transposed_all<4>(blob, N, C, group, out, dmax, dithered, key); return 0;
+    case 8: decode_transposed_all<8>(blob, N, C, group, out, dmax, dithered, key); return 0;
   }
   return 1;
 }
@@ -1232,13 +1278,15 @@ extern "C" void gact_unpack_mask(const uint8_t* packed, int64_t numel, float* ou
 }
 
 // dtype as for gact_encode; 3 when this machine cannot write float16 (no F16C): decode to float32.
+// ``key``: a dithered blob's call key [k0, k1] (runtime.format), or null for a plain blob.
 extern "C" int gact_decode(const uint8_t* blob, int64_t numel, int64_t group, void* out, int bits, float dmax,
-                           int dtype) {
-  if (group > MAX_GROUP || group % 8 || dtype != GACT_DTYPE) return 2;
+                           int dtype, const int64_t* key) {
+  if (group > MAX_GROUP || group % 8 || dtype != GACT_DTYPE || (key && group % 16)) return 2;
 #if GACT_DTYPE == 2 && !defined(__F16C__)
   return 3;
 #else
-  return decode_typed(blob, numel, group, static_cast<Value*>(out), bits, dmax);
+  return decode_typed(blob, numel, group, static_cast<Value*>(out), bits, dmax, key != nullptr,
+                      key ? key_word(key, 0) : 0u);
 #endif
 }
 
@@ -1255,13 +1303,15 @@ extern "C" int gact_encode_transposed(const void* x, int64_t tokens, int64_t fea
   return status;
 }
 
-// Decodes such a blob back into the row-major [tokens, features] matrix; answers as gact_decode.
+// Decodes such a blob back into the row-major [tokens, features] matrix; answers and takes
+// ``key`` as gact_decode.
 extern "C" int gact_decode_transposed(const uint8_t* blob, int64_t tokens, int64_t features, int64_t group, void* out,
-                                      int bits, float dmax, int dtype) {
+                                      int bits, float dmax, int dtype, const int64_t* key) {
   if (group <= 0 || group % 16 || tokens % group || features % 8 || dtype != GACT_DTYPE) return 2;
 #if GACT_DTYPE == 2 && !defined(__F16C__)
   return 3;
 #else
-  return decode_transposed_typed(blob, tokens, features, group, static_cast<Value*>(out), bits, dmax);
+  return decode_transposed_typed(blob, tokens, features, group, static_cast<Value*>(out), bits, dmax, key != nullptr,
+                                 key ? key_word(key, 0) : 0u);
 #endif
 }

@@ -41,7 +41,8 @@ import torch
 
 from .. import _compat
 from . import format as fmt
-from .reference import HALF_MAX
+from .noise import call_key
+from .reference import HALF_MAX, key_bytes, key_from_bytes
 
 log = logging.getLogger("gact_fx")
 MAX_GROUP = 4096  # the kernel's buffers; larger groups take the reference
@@ -52,11 +53,11 @@ _POINTER, _SIZE, _FLAG, _FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, 
 # Each exported function of ``cpu_codec.cpp``: (argument types, return type), in the order of its C signature.
 SIGNATURES = {
     "gact_encode": ([_POINTER, _SIZE, _SIZE, _POINTER, _SIZE, _POINTER, _FLAG, _FLAG, _FLOAT, _FLOAT, _FLAG], _FLAG),
-    "gact_decode": ([_POINTER, _SIZE, _SIZE, _POINTER, _FLAG, _FLOAT, _FLAG], _FLAG),
+    "gact_decode": ([_POINTER, _SIZE, _SIZE, _POINTER, _FLAG, _FLOAT, _FLAG, _POINTER], _FLAG),
     "gact_noise": ([ctypes.c_uint64, _SIZE, _POINTER, _POINTER], None),
     "gact_encode_transposed": ([_POINTER, _SIZE, _SIZE, _SIZE, _POINTER, _SIZE, _POINTER, _FLAG, _FLAG, _FLOAT, _FLOAT,
                                 _FLAG], _FLAG),
-    "gact_decode_transposed": ([_POINTER, _SIZE, _SIZE, _SIZE, _POINTER, _FLAG, _FLOAT, _FLAG], _FLAG),
+    "gact_decode_transposed": ([_POINTER, _SIZE, _SIZE, _SIZE, _POINTER, _FLAG, _FLOAT, _FLAG, _POINTER], _FLAG),
     "gact_pack_bool": ([_POINTER, _SIZE, _POINTER, _SIZE], None),
     "gact_unpack_bool": ([_POINTER, _SIZE, _POINTER], None),
     "gact_unpack_mask": ([_POINTER, _SIZE, _POINTER], None),
@@ -88,23 +89,44 @@ def available(dtype: torch.dtype = torch.float32) -> bool:
     return library(dtype) is not None
 
 
-def _new_blob(numel: int, bits: int, group_size: int, itemsize: int) -> torch.Tensor:
+def _new_blob(numel: int, bits: int, group_size: int, itemsize: int, dithered: bool) -> torch.Tensor:
     """An uninitialised blob of the format's length: the codec writes every byte, tail included."""
-    return torch.empty(fmt.float_blob_nbytes(numel, bits, group_size, itemsize), dtype=torch.uint8)
+    return torch.empty(fmt.float_blob_nbytes(numel, bits, group_size, itemsize, dithered), dtype=torch.uint8)
 
 
-def quantize(tensor: torch.Tensor, bits: int, group_size: int, *, state=None, key=None) -> torch.Tensor:
+def _key_source(state, key, dithered: bool) -> tuple[torch.Tensor, int]:
+    """What the codec draws its noise from, and whether that is a state (1) or a key (0); a
+    dithered blob needs the key itself, to keep it."""
+    if dithered:
+        return (call_key(state) if key is None else key).contiguous(), 0
+    return (state, 1) if state is not None else (key, 0)
+
+
+def _keep_key(blob: torch.Tensor, numel: int, bits: int, group_size: int, key: torch.Tensor) -> None:
+    start = fmt.key_offset(numel, bits, group_size)
+    blob[start : start + fmt.KEY_BYTES] = key_bytes(key)
+
+
+def _kept_key(blob: torch.Tensor, numel: int, bits: int, group_size: int) -> torch.Tensor:
+    start = fmt.key_offset(numel, bits, group_size)
+    return key_from_bytes(blob[start : start + fmt.KEY_BYTES])
+
+
+def quantize(tensor: torch.Tensor, bits: int, group_size: int, *, state=None, key=None,
+             dithered: bool = False) -> torch.Tensor:
     """Blob of a float CPU tensor's elements in row-major order at ``bits`` in {1, 2, 3, 4, 8}
-    (the reference's, bit for bit)."""
-    source, from_state = (state, 1) if state is not None else (key, 0)
+    (the reference's, bit for bit; ``dithered``: with its key, ``runtime.format``)."""
+    source, from_state = _key_source(state, key, dithered)
     values = tensor.contiguous()
     numel = values.numel()
-    blob = _new_blob(numel, bits, group_size, values.element_size())
+    blob = _new_blob(numel, bits, group_size, values.element_size(), dithered)
     status = library(values.dtype).gact_encode(values.data_ptr(), numel, group_size, blob.data_ptr(), blob.numel(),
                                                source.data_ptr(), from_state, bits, float(torch.finfo(values.dtype).max),
                                                HALF_MAX, DTYPE_CODES[values.dtype])
     if status:
         raise ValueError(f"gact CPU codec: unsupported width {bits} or group size {group_size} (at most {MAX_GROUP})")
+    if dithered:
+        _keep_key(blob, numel, bits, group_size, source)
     return blob
 
 
@@ -141,13 +163,14 @@ def transposable(tokens: int, features: int, group_size: int, dtype: torch.dtype
             and features % 8 == 0 and features > 0)
 
 
-def quantize_transposed(matrix: torch.Tensor, bits: int, group_size: int, *, state=None, key=None) -> torch.Tensor:
+def quantize_transposed(matrix: torch.Tensor, bits: int, group_size: int, *, state=None, key=None,
+                        dithered: bool = False) -> torch.Tensor:
     """The blob of ``matrix.t().reshape(-1)``, read from the row-major [tokens, features]
     ``matrix`` in place (no transposed copy); bit for bit the blob ``quantize`` writes."""
-    source, from_state = (state, 1) if state is not None else (key, 0)
+    source, from_state = _key_source(state, key, dithered)
     tokens, features = matrix.shape
     values = matrix.contiguous()
-    blob = _new_blob(values.numel(), bits, group_size, values.element_size())
+    blob = _new_blob(values.numel(), bits, group_size, values.element_size(), dithered)
     status = library(values.dtype).gact_encode_transposed(values.data_ptr(), tokens, features, group_size,
                                                           blob.data_ptr(), blob.numel(), source.data_ptr(), from_state,
                                                           bits, float(torch.finfo(values.dtype).max), HALF_MAX,
@@ -155,6 +178,8 @@ def quantize_transposed(matrix: torch.Tensor, bits: int, group_size: int, *, sta
     if status:
         raise ValueError(f"gact CPU codec: no feature-major encoding of {tokens} x {features} at {bits} bits in "
                          f"groups of {group_size}")
+    if dithered:
+        _keep_key(blob, values.numel(), bits, group_size, source)
     return blob
 
 
@@ -165,18 +190,23 @@ def noise(key: torch.Tensor, first: int, count: int) -> torch.Tensor:
     return out
 
 
-def dequantize(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int, shape=None) -> torch.Tensor:
+def dequantize(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int, shape=None,
+               dithered: bool = False) -> torch.Tensor:
     """Decode a quantized CPU blob (``bits`` read from its length) into a tensor of ``dtype``:
     1-D, or contiguous of ``shape`` (of ``numel`` elements); written in ``dtype`` directly (as
-    torch would convert the float32 values)."""
+    torch would convert the float32 values). ``dithered``: a blob that keeps its key."""
     bits = fmt.bits_from_blob_nbytes(blob.numel())
     blob = blob.contiguous()
     dmax = float(torch.finfo(dtype).max)
+    key = _kept_key(blob, numel, bits, group_size) if dithered else None
+    key_ptr = None if key is None else key.data_ptr()
     out = torch.empty(numel if shape is None else shape, dtype=dtype)
-    status = library(dtype).gact_decode(blob.data_ptr(), numel, group_size, out.data_ptr(), bits, dmax, DTYPE_CODES[dtype])
+    status = library(dtype).gact_decode(blob.data_ptr(), numel, group_size, out.data_ptr(), bits, dmax,
+                                        DTYPE_CODES[dtype], key_ptr)
     if status == NO_HALF_STORE:
         wide = torch.empty(out.shape, dtype=torch.float32)
-        status = library(torch.float32).gact_decode(blob.data_ptr(), numel, group_size, wide.data_ptr(), bits, dmax, 0)
+        status = library(torch.float32).gact_decode(blob.data_ptr(), numel, group_size, wide.data_ptr(), bits, dmax, 0,
+                                                    key_ptr)
         out = wide.to(dtype)
     if status:
         raise ValueError(f"gact CPU codec: unsupported width {bits}")
@@ -184,19 +214,22 @@ def dequantize(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: i
 
 
 def dequantize_transposed(blob: torch.Tensor, tokens: int, features: int, dtype: torch.dtype,
-                          group_size: int) -> torch.Tensor:
+                          group_size: int, dithered: bool = False) -> torch.Tensor:
     """The row-major [tokens, features] matrix whose transpose ``blob`` encodes (the mirror of
     ``quantize_transposed``): ``dequantize(...).view(features, tokens).t()``, without the copy."""
     bits = fmt.bits_from_blob_nbytes(blob.numel())
     blob = blob.contiguous()
     dmax = float(torch.finfo(dtype).max)
+    key = _kept_key(blob, tokens * features, bits, group_size) if dithered else None
+    key_ptr = None if key is None else key.data_ptr()
     out = torch.empty(tokens, features, dtype=dtype)
     decode = library(dtype).gact_decode_transposed
-    status = decode(blob.data_ptr(), tokens, features, group_size, out.data_ptr(), bits, dmax, DTYPE_CODES[dtype])
+    status = decode(blob.data_ptr(), tokens, features, group_size, out.data_ptr(), bits, dmax, DTYPE_CODES[dtype],
+                    key_ptr)
     if status == NO_HALF_STORE:
         wide = torch.empty(tokens, features, dtype=torch.float32)
         status = library(torch.float32).gact_decode_transposed(blob.data_ptr(), tokens, features, group_size,
-                                                               wide.data_ptr(), bits, dmax, 0)
+                                                               wide.data_ptr(), bits, dmax, 0, key_ptr)
         out = wide.to(dtype)
     if status:
         raise ValueError(f"gact CPU codec: no feature-major decoding of {tokens} x {features} at {bits} bits in "

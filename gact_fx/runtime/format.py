@@ -12,8 +12,8 @@ permutation (see ``runtime.ops``):
 
       G = ceil(N / group_size)
       [ (half range, min) : G x 2 bfloat16 ][ codes : G*group_size*bits/8 bytes ]
-      [ zero padding to a multiple of 8 bytes ][ probe token: 8 bytes, probe blobs only ]
-      [ tag : tag_bytes(bits) bytes ]
+      [ zero padding to a multiple of 8 bytes ][ call key: 8 bytes, dithered blobs only ]
+      [ probe token: 8 bytes, probe blobs only ][ tag : tag_bytes(bits) bytes ]
 
   With ``L = 2**bits - 1``, element ``i`` of group ``g`` decodes as ``min[g] + code *
   scale[g]``, where ``scale = half * (2 / top)``. Codes are packed little-endian inside
@@ -42,6 +42,17 @@ permutation (see ``runtime.ops``):
 
   with ``2 / top`` and ``1 / (scale * 0.5)`` each rounded once, per group: no division per
   element.
+
+  *Dithered rounding* (``rounding="dithered"``, subtractive dither): the codes are the same,
+  and the blob keeps its call's noise key ``(k0, k1)`` as two little-endian uint32s at
+  ``key_offset``. The decoder draws the same ``u`` again and subtracts it::
+
+      value = ((code + 0.5) - u) * scale + min
+
+  The error is then uniform over one step whatever the value, so ``E[decode] == x`` still
+  holds. Its variance is ``scale**2 / 12``; stochastic rounding's is ``p (1 - p) scale**2``
+  (``p`` the fractional part), ``scale**2 / 6`` on average: half the variance for 8 bytes
+  a tensor.
 
   *Special values* (``SPECIAL_KINDS``): -inf, +inf, and the dtype's extremes
   ``-finfo.max`` / ``+finfo.max`` (attention masks, padding) come back exactly, at
@@ -73,6 +84,7 @@ PLANE_BITS = 3  # the width stored as two planes (2 + 1 bits); see the layout ab
 RUNTIME_BITS = 0  # ``gact::quantize(..., bits=RUNTIME_BITS)``: the site's width is read at run time
 SPECIAL_KINDS = ("-inf", "+inf", "-max", "+max")  # kind k sits in the low 2 bits of a flagged half range
 TOKEN_BYTES = 8
+KEY_BYTES = 8  # a dithered blob's call key: two uint32
 PASS_THROUGH_BITS = 32
 METADATA_BYTES_PER_GROUP = 4  # bfloat16 half range + bfloat16 min
 HALF_MAX_BITS = 0x7F7C0000  # float32 bits of the largest half range (half that at top code 1): 4 ulps below +inf
@@ -117,14 +129,19 @@ def quantized_body_bytes(numel, bits: int, group_size: int):
     return groups * METADATA_BYTES_PER_GROUP + groups * (group_size * bits // 8)
 
 
-def float_blob_nbytes(numel, bits: int, group_size: int, itemsize: int):
-    """Length in bytes of the blob of a floating-point tensor of ``numel`` elements."""
+def float_blob_nbytes(numel, bits: int, group_size: int, itemsize: int, dithered: bool = False):
+    """Length in bytes of the blob of a floating-point tensor of ``numel`` elements; a
+    ``dithered`` one below 32 bits keeps its call key too."""
     check_bits(bits)
     if bits == PASS_THROUGH_BITS:
-        body = numel * itemsize
-    else:
-        body = quantized_body_bytes(numel, bits, group_size)
-    return _round_up(body, _ALIGN) + _TAG_BY_BITS[bits]
+        return _round_up(numel * itemsize, _ALIGN) + _TAG_BY_BITS[bits]
+    key = KEY_BYTES if dithered else 0
+    return key_offset(numel, bits, group_size) + key + _TAG_BY_BITS[bits]
+
+
+def key_offset(numel, bits: int, group_size: int):
+    """Where a dithered blob keeps its call key: right after the padded codes."""
+    return _round_up(quantized_body_bytes(numel, bits, group_size), _ALIGN)
 
 
 def bool_blob_nbytes(numel):

@@ -2,8 +2,9 @@
 the torch reference elsewhere.
 
 All write the same format (``runtime.format``) with the same noise (``runtime.noise``),
-bit for bit. ``GACT_FX_KERNELS`` forces one: ``triton`` on any device (with
-``TRITON_INTERPRET=1`` that is how the Triton kernels run on a CPU in tests), ``cpu``
+bit for bit, dithered blobs (``rounding="dithered"``) included. ``GACT_FX_KERNELS`` forces
+one: ``triton`` on any device (with ``TRITON_INTERPRET=1`` that is how the Triton kernels
+run on a CPU in tests), ``cpu``
 (CPU tensors), or ``reference``; unset (``auto``), Triton serves CUDA tensors when it is
 installed and the C++ codec (``runtime.cpu_kernels``) serves CPU tensors when it could
 be compiled. Triton and the C++ codec are loaded on first use, never at import time.
@@ -106,9 +107,19 @@ def _triton_codec():
     return triton_kernels
 
 
-def encode(tensor: torch.Tensor, bits: int, group_size: int, *, state=None, key=None, count=None) -> torch.Tensor:
+def dithers(dtype: torch.dtype, bits: int, dithered: bool) -> bool:
+    """Whether a tensor of ``dtype`` stored at ``bits`` by a dithering site gets a dithered blob."""
+    return dithered and dtype.is_floating_point and bits != fmt.PASS_THROUGH_BITS
+
+
+
+
+def encode(tensor: torch.Tensor, bits: int, group_size: int, *, state=None, key=None, count=None,
+           dithered: bool = False) -> torch.Tensor:
     """Blob of a tensor's elements in row-major order, its noise keyed by a site's ``state`` or by
-    ``key``; ``count`` (a callable, or None: do not count) counts the call in the site's state."""
+    ``key``; ``count`` (a callable, or None: do not count) counts the call in the site's state.
+    ``dithered``: a float tensor's blob keeps its key, for a dithered decode."""
+    dithered = dithers(tensor.dtype, bits, dithered)
     chosen = implementation(tensor, bits)
     if chosen == "triton":
         triton_kernels = _triton_codec()
@@ -118,7 +129,7 @@ def encode(tensor: torch.Tensor, bits: int, group_size: int, *, state=None, key=
             # contiguous of any rank, not flattened: traced (``lowering="triton"``), a reshape is
             # a buffer of its own that Inductor would write beside the activation
             return triton_kernels.quantize(tensor.contiguous(), bits, group_size, state=state, key=key,
-                                           count=count is not None)
+                                           count=count is not None, dithered=dithered)
     elif chosen == "cpu" and (tensor.dtype == torch.bool or (
             group_size <= _cpu_codec().MAX_GROUP and tensor.dtype in _cpu_codec().DTYPE_CODES)):
         # the C++ codec reads any contiguous tensor as the 1-D one it holds
@@ -126,37 +137,39 @@ def encode(tensor: torch.Tensor, bits: int, group_size: int, *, state=None, key=
         if tensor.dtype == torch.bool:
             blob = cpu_kernels.pack_bool(tensor)
         else:
-            blob = cpu_kernels.quantize(tensor, bits, group_size, state=state, key=key)
+            blob = cpu_kernels.quantize(tensor, bits, group_size, state=state, key=key, dithered=dithered)
     else:
         flat = tensor.reshape(-1)
         noise = None
         if flat.dtype != torch.bool and bits != fmt.PASS_THROUGH_BITS and flat.numel():
-            noise = rounding_noise(fmt.num_groups(flat.numel(), group_size), group_size,
-                                   call_key(state) if key is None else key)
-        blob = quantize_reference(flat, bits, group_size, noise)
+            key = call_key(state) if key is None else key
+            noise = rounding_noise(fmt.num_groups(flat.numel(), group_size), group_size, key)
+        blob = quantize_reference(flat, bits, group_size, noise, key if dithered else None)
     if count is not None:
         count()
     return blob
 
 
 def decode(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int, shape=None,
-           bits: int | None = None) -> torch.Tensor:
+           bits: int | None = None, dithered: bool = False) -> torch.Tensor:
     """The ``numel`` elements of ``dtype`` a blob holds: 1-D, or contiguous of ``shape``. ``bits``
-    is read from the blob's length unless given (a traced blob's length may be symbolic)."""
+    is read from the blob's length unless given (a traced blob's length may be symbolic);
+    ``dithered``: as ``encode`` wrote it."""
     bits = bits or fmt.bits_from_blob_nbytes(blob.numel())
+    dithered = dithers(dtype, bits, dithered)
     chosen = implementation(blob, bits, dtype=dtype)
     if chosen == "cpu" and dtype != torch.bool:  # written in its final shape (a view costs a microsecond)
-        return _cpu_codec().dequantize(blob, numel, dtype, group_size, shape=shape)
+        return _cpu_codec().dequantize(blob, numel, dtype, group_size, shape=shape, dithered=dithered)
     if chosen == "triton":
         triton_kernels = _triton_codec()
         if dtype == torch.bool:
             flat = triton_kernels.unpack_mask(blob, numel, torch.bool)
         else:
-            flat = triton_kernels.dequantize(blob, numel, dtype, group_size, bits)
+            flat = triton_kernels.dequantize(blob, numel, dtype, group_size, bits, dithered)
     elif chosen == "cpu":
         flat = _cpu_codec().unpack_bool(blob, numel)
     else:
-        flat = dequantize_reference(blob, numel, dtype, group_size)
+        flat = dequantize_reference(blob, numel, dtype, group_size, dithered)
     return flat if shape is None else flat.view(shape)
 
 
@@ -182,11 +195,12 @@ def _transposable(tensor: torch.Tensor, bits: int, tokens: int, features: int, g
 
 
 def encode_permuted(x: torch.Tensor, perm, bits: int, group_size: int, *, state=None, key=None,
-                    count=None) -> torch.Tensor:
-    """Blob of ``x`` taken in the logical order of ``x.permute(perm)``."""
+                    count=None, dithered: bool = False) -> torch.Tensor:
+    """Blob of ``x`` taken in the logical order of ``x.permute(perm)`` (``dithered``: see ``encode``)."""
     perm = list(perm)
     if identity(perm):  # the common case, without the torch calls below (a microsecond each)
-        return encode(x, bits, group_size, state=state, key=key, count=count)
+        return encode(x, bits, group_size, state=state, key=key, count=count, dithered=dithered)
+    dithered = dithers(x.dtype, bits, dithered)
     if len(perm) >= 2 and x.stride(perm[0]) == 1:  # (the dimension a feature-major perm takes first is innermost)
         layout = [*perm[1:], perm[0]]  # where perm is feature-major, the layout it is read from
         features = x.shape[perm[0]]
@@ -195,31 +209,33 @@ def encode_permuted(x: torch.Tensor, perm, bits: int, group_size: int, *, state=
         if in_place:
             if in_place == "triton":  # (as it lies, features innermost: see ``encode``)
                 return _triton_codec().quantize_transposed(x.permute(layout), bits, group_size, state=state, key=key,
-                                                           count=count is not None)
+                                                           count=count is not None, dithered=dithered)
             matrix = x.permute(layout).reshape(tokens, features)  # a view
-            blob = _cpu_codec().quantize_transposed(matrix, bits, group_size, state=state, key=key)
+            blob = _cpu_codec().quantize_transposed(matrix, bits, group_size, state=state, key=key, dithered=dithered)
             if count is not None:
                 count()
             return blob
-    return encode(x.permute(perm), bits, group_size, state=state, key=key, count=count)
+    return encode(x.permute(perm), bits, group_size, state=state, key=key, count=count, dithered=dithered)
 
 
 def decode_permuted(blob: torch.Tensor, shape, dtype: torch.dtype, group_size: int, perm, layout=None,
-                    bits: int | None = None) -> torch.Tensor:
+                    bits: int | None = None, dithered: bool = False) -> torch.Tensor:
     """The tensor of ``shape`` that ``blob`` holds in the order of ``perm``, compact in
-    ``layout`` (``runtime.layout.arrange``); ``bits`` as ``decode`` takes it."""
+    ``layout`` (``runtime.layout.arrange``); ``bits`` and ``dithered`` as ``decode`` takes them."""
     numel = math.prod(shape)
     bits = bits or fmt.bits_from_blob_nbytes(blob.numel())
     if natural_order(perm, layout):  # decoded straight into its shape (``arrange`` would view it)
-        return decode(blob, numel, dtype, group_size, shape=shape, bits=bits)
+        return decode(blob, numel, dtype, group_size, shape=shape, bits=bits, dithered=dithered)
+    dithered = dithers(dtype, bits, dithered)
     if dtype != torch.bool and feature_major(perm, layout):
         features = shape[layout[-1]]
         tokens = numel // max(features, 1)
         in_place = _transposable(blob, bits, tokens, features, group_size, dtype)
         if in_place:
             if in_place == "triton":
-                matrix = _triton_codec().dequantize_transposed(blob, tokens, features, dtype, group_size, bits)
+                matrix = _triton_codec().dequantize_transposed(blob, tokens, features, dtype, group_size, bits,
+                                                               dithered)
             else:
-                matrix = _cpu_codec().dequantize_transposed(blob, tokens, features, dtype, group_size)
+                matrix = _cpu_codec().dequantize_transposed(blob, tokens, features, dtype, group_size, dithered)
             return matrix.view([shape[dim] for dim in layout]).permute(inverse_permutation(layout))
-    return arrange(decode(blob, numel, dtype, group_size, bits=bits), shape, perm, layout)
+    return arrange(decode(blob, numel, dtype, group_size, bits=bits, dithered=dithered), shape, perm, layout)

@@ -81,12 +81,13 @@ def _op(name: str, schema: str, *, tags: tuple = ()):
 MASK_DTYPES = (torch.bool, torch.uint8)  # packed at 1 bit, losslessly (uint8: a mask as bytes 0 and 1)
 
 
-def blob_nbytes(numel, dtype: torch.dtype, bits: int, group_size: int):
-    """Blob length for a tensor of ``numel`` elements (int or SymInt)."""
+def blob_nbytes(numel, dtype: torch.dtype, bits: int, group_size: int, dithered: bool = False):
+    """Blob length for a tensor of ``numel`` elements (int or SymInt), written by a site that
+    dithers or not."""
     if dtype in MASK_DTYPES:
         return fmt.bool_blob_nbytes(numel)
     itemsize = torch.empty((), dtype=dtype).element_size()
-    return fmt.float_blob_nbytes(numel, bits, group_size, itemsize)
+    return fmt.float_blob_nbytes(numel, bits, group_size, itemsize, dithered=dithered)
 
 
 @_op(
@@ -104,7 +105,7 @@ def quantize(x: torch.Tensor, bits: int, group_size: int, perm: Sequence[int], s
         x = rotate(x, site.rotation)
     state = site.rng_state(x.device)
     count = None if site.pinned else (lambda: site.advance(state))
-    blob = encode_permuted(x, perm, bits, group_size, state=state, count=count)
+    blob = encode_permuted(x, perm, bits, group_size, state=state, count=count, dithered=site.dithered)
     if is_stashing(slot):
         blob = site.probe.keep(x, perm, blob, site.registry.new_token())
     return blob
@@ -115,7 +116,7 @@ def _quantize_fake(x, bits, group_size, perm, slot):
     if bits == RUNTIME_BITS:
         nbytes = torch.library.get_ctx().new_dynamic_size()
     else:
-        nbytes = blob_nbytes(x.numel(), x.dtype, bits, group_size)
+        nbytes = blob_nbytes(x.numel(), x.dtype, bits, group_size, dithered=DIRECTORY.dithers(slot))
     return x.new_empty((nbytes,), dtype=torch.uint8)
 
 
@@ -134,9 +135,9 @@ def dequantize(
 ) -> torch.Tensor:
     numel = math.prod(shape)
     site = DIRECTORY.site(slot)
-    flat = site.probe.replacement(blob, numel, dtype, group_size)
+    flat = site.probe.replacement(blob, numel, dtype, group_size, site.dithered)
     if flat is None:
-        decoded = decode_permuted(blob, shape, dtype, group_size, perm, layout)
+        decoded = decode_permuted(blob, shape, dtype, group_size, perm, layout, dithered=site.dithered)
     else:
         decoded = arrange(flat, shape, perm, layout)
     if site.rotation and rotates(shape, dtype, fmt.bits_from_blob_nbytes(blob.numel()), site.rotation):

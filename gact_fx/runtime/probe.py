@@ -105,20 +105,24 @@ class SiteProbe:
         self.stash = None
         self.substitute = None
 
-    def replacement(self, blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int) -> torch.Tensor | None:
+    def replacement(self, blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int,
+                    dithered: bool = False) -> torch.Tensor | None:
         """The flat values ``dequantize`` returns instead of decoding ``blob``, or None if
-        ``blob`` is not the probed call's (or no probe measures)."""
+        ``blob`` is not the probed call's (or no probe measures). A ``dithered`` site's
+        requantization is dithered too."""
         if self.substitute is None or self.stash is None:
             return None
         bits = fmt.bits_from_blob_nbytes(blob.numel())
-        if token_of(blob, fmt.float_blob_nbytes(numel, bits, group_size, dtype.itemsize)) != self.stash.token:
+        expected = fmt.float_blob_nbytes(numel, bits, group_size, dtype.itemsize, dithered=dithered)
+        if token_of(blob, expected) != self.stash.token:
             return None
         stashed = self.stash.values
         if self.substitute is EXACT:
             return stashed.clone()  # a copy: the backward may write into its inputs
         requantize = self.substitute
-        blob = encode(stashed, requantize.bits, group_size, key=key_of(*requantize.key, device=stashed.device))
-        return decode(blob, stashed.numel(), dtype, group_size)
+        blob = encode(stashed, requantize.bits, group_size, key=key_of(*requantize.key, device=stashed.device),
+                      dithered=dithered)
+        return decode(blob, stashed.numel(), dtype, group_size, dithered=dithered)
 
 
 def fresh_key(token: int, index: int) -> tuple[int, int]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from . import format as fmt
+from .noise import rounding_noise
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Half ranges stay below this bfloat16 (half of it where the top code is 1): rounding a
@@ -176,18 +177,41 @@ def unpack_group_codes(packed: torch.Tensor, bits: int, group_size: int) -> torc
     return low | (high << 2)
 
 
-def encode_groups(flat: torch.Tensor, bits: int, group_size: int, noise: torch.Tensor) -> torch.Tensor:
-    """Blob of a non-empty 1-D float tensor at ``bits`` in {1, 2, 3, 4, 8}; branch-free."""
+_KEY_SHIFTS = (0, 8, 16, 24)
+
+
+def key_bytes(key: torch.Tensor) -> torch.Tensor:
+    """A call key ``[k0, k1]`` (int64 holding uint32s) as its 8 little-endian bytes."""
+    shifts = torch.tensor(_KEY_SHIFTS, dtype=torch.int64, device=key.device)
+    return ((key[:, None] >> shifts) & 0xFF).to(torch.uint8).reshape(-1)
+
+
+def key_from_bytes(raw: torch.Tensor) -> torch.Tensor:
+    """Inverse of ``key_bytes``."""
+    shifts = torch.tensor(_KEY_SHIFTS, dtype=torch.int64, device=raw.device)
+    return (raw.view(2, 4).to(torch.int64) << shifts).sum(dim=1)
+
+
+def encode_groups(flat: torch.Tensor, bits: int, group_size: int, noise: torch.Tensor,
+                  key: torch.Tensor | None = None) -> torch.Tensor:
+    """Blob of a non-empty 1-D float tensor at ``bits`` in {1, 2, 3, 4, 8}; branch-free. With
+    ``key`` (the one ``noise`` was drawn from) the blob is a dithered one that keeps it."""
     groups = group_view(flat, group_size)
     word, used, group_min, top, special, poison = group_parameters(groups, bits, flat.dtype)
     codes = quantize_codes(groups, used, group_min, top, special, poison, bits, noise)
     body = torch.cat([pack_group_words(word, group_min), pack_group_codes(codes, bits)])
-    total = fmt.float_blob_nbytes(flat.numel(), bits, group_size, flat.element_size())
-    return torch.cat([body, body.new_zeros(total - body.numel())])  # padding and tag
+    numel = flat.numel()
+    total = fmt.float_blob_nbytes(numel, bits, group_size, flat.element_size(), dithered=key is not None)
+    if key is None:
+        return torch.cat([body, body.new_zeros(total - body.numel())])  # padding and tag
+    padding = body.new_zeros(fmt.key_offset(numel, bits, group_size) - body.numel())
+    return torch.cat([body, padding, key_bytes(key), body.new_zeros(fmt.tag_bytes(bits))])
 
 
-def decode_groups(blob: torch.Tensor, numel, dtype: torch.dtype, group_size: int, bits: int) -> torch.Tensor:
-    """Inverse of ``encode_groups``; branch-free."""
+def decode_groups(blob: torch.Tensor, numel, dtype: torch.dtype, group_size: int, bits: int,
+                  dithered: bool = False) -> torch.Tensor:
+    """Inverse of ``encode_groups``; branch-free. A ``dithered`` blob's noise is drawn again
+    from its key and subtracted (``runtime.format``)."""
     groups = fmt.num_groups(numel, group_size)
     word, group_min = unpack_group_words(blob[: groups * fmt.METADATA_BYTES_PER_GROUP])
     start = groups * fmt.METADATA_BYTES_PER_GROUP
@@ -195,7 +219,12 @@ def decode_groups(blob: torch.Tensor, numel, dtype: torch.dtype, group_size: int
     flagged = torch.signbit(word)  # a flagged half range of 0 is -0.0
     half = word.abs()
     scale = scale_of(half, 2**bits - 1 - flagged.to(torch.int32))
-    values = codes.float() * scale[:, None] + group_min[:, None]
+    if dithered:
+        start = fmt.key_offset(numel, bits, group_size)
+        noise = rounding_noise(groups, group_size, key_from_bytes(blob[start : start + fmt.KEY_BYTES]))
+        values = ((codes.float() + 0.5) - noise) * scale[:, None] + group_min[:, None]
+    else:
+        values = codes.float() * scale[:, None] + group_min[:, None]
     kind = (half.view(torch.int32) >> 16) & _KIND_MASK
     special = flagged[:, None] & (codes == 2**bits - 1)
     values = torch.where(special, special_value(kind, dtype)[:, None], values)
@@ -203,9 +232,10 @@ def decode_groups(blob: torch.Tensor, numel, dtype: torch.dtype, group_size: int
 
 
 def quantize_reference(
-    flat: torch.Tensor, bits: int, group_size: int, noise: torch.Tensor | None
+    flat: torch.Tensor, bits: int, group_size: int, noise: torch.Tensor | None, key: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Encode a 1-D tensor into a blob. ``noise`` is ``(G, group_size)`` in [0, 1)."""
+    """Encode a 1-D tensor into a blob. ``noise`` is ``(G, group_size)`` in [0, 1); with
+    ``key``, the key it was drawn from, a float tensor below 32 bits gets a dithered blob."""
     numel = flat.numel()
     if flat.dtype == torch.bool:
         codes = torch.cat([flat.to(torch.uint8), flat.new_zeros((numel + 7) // 8 * 8 - numel, dtype=torch.uint8)])
@@ -217,7 +247,7 @@ def quantize_reference(
         raw = flat.contiguous().view(torch.uint8).reshape(-1)
         total = fmt.float_blob_nbytes(numel, bits, group_size, flat.element_size())
         return torch.cat([raw, raw.new_zeros(total - raw.numel())])
-    return encode_groups(flat, bits, group_size, noise)
+    return encode_groups(flat, bits, group_size, noise, key)
 
 
 def decode_bool(blob: torch.Tensor, numel) -> torch.Tensor:
@@ -230,12 +260,13 @@ def decode_raw(blob: torch.Tensor, numel, dtype: torch.dtype) -> torch.Tensor:
 
 
 def dequantize_reference(
-    blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int
+    blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int, dithered: bool = False
 ) -> torch.Tensor:
-    """Decode a blob back to a 1-D tensor of ``numel`` elements of ``dtype``."""
+    """Decode a blob back to a 1-D tensor of ``numel`` elements of ``dtype`` (a ``dithered``
+    blob: see ``decode_groups``)."""
     bits = fmt.bits_from_blob_nbytes(blob.numel())
     if dtype == torch.bool:
         return decode_bool(blob, numel)
     if bits == fmt.PASS_THROUGH_BITS or numel == 0:
         return decode_raw(blob, numel, dtype)
-    return decode_groups(blob, numel, dtype, group_size, bits)
+    return decode_groups(blob, numel, dtype, group_size, bits, dithered)

@@ -39,6 +39,7 @@ class Site:
         self.pinned = False  # the same noise on every call (opcheck compares calls)
         self.probe = SiteProbe()  # its part in a sensitivity probe (``runtime.probe``)
         self.rotation = 0  # the Hadamard block of its lossy blobs (``runtime.rotation``); 0: none
+        self.dithered = False  # its float blobs keep their key for a dithered decode (``runtime.format``)
         self._states: dict[torch.device, torch.Tensor] = {}
         self._host_count: ctypes.c_int64 | None = None  # the CPU state's count, written in place
 
@@ -159,6 +160,12 @@ class Directory:
 
     def adopt(self, registry: SlotRegistry) -> None:
         self._registries.add(registry)
+
+    def dithers(self, slot: int) -> bool:
+        """Whether the site of ``slot`` writes dithered blobs (False for a slot with no live
+        site: a pass traced without a backend)."""
+        site = self._sites.get(slot)
+        return site is not None and site.dithered
 
     def site(self, slot: int) -> Site:
         site = self._sites.get(slot)

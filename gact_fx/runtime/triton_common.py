@@ -140,6 +140,24 @@ def uniform_of(half16):
 
 
 @triton.jit
+def one_plus_uniform(h, UPPER: tl.constexpr):
+    """``1 + uniform_of(half)`` for a hash's low (or ``UPPER``) 16 bits, exactly, without a
+    conversion: the half in the mantissa's bits 7-22 of a float in [1, 2)."""
+    if UPPER:
+        bits = (h >> 9) & 0x7FFF80
+    else:
+        bits = (h << 7) & 0x7FFF80
+    return (bits | 0x3F800040).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def dithered(codes, one_plus_u):
+    """``(code + 0.5) - u`` as the reference rounds it: ``(code + 1.5) - (1 + u)`` is the same
+    real number, and both sums are exact."""
+    return (codes.to(tl.float32) + 1.5) - one_plus_u
+
+
+@triton.jit
 def uniform(k0, k1, offsets):
     """``runtime.noise.uniform`` of int64 element indices: one hash per element."""
     pair = (offsets >> 4) * 8 + (offsets & 7)
@@ -148,6 +166,34 @@ def uniform(k0, k1, offsets):
     h = pair_hash(low, call_mix(k0, k1), high * M1)
     half = (h >> ((offsets & 8) * 2).to(tl.uint32)) & 0xFFFF
     return uniform_of(half)
+
+
+@triton.jit
+def halves_hash(g1, mixed_key, GROUP: tl.constexpr, CHUNKS: tl.constexpr, WIDE: tl.constexpr):
+    """One pair hash serves element ``16c + j`` (its low half) and ``16c + 8 + j`` (its high)."""
+    chunk = tl.arange(0, CHUNKS)[None, :, None]
+    pair = g1[:, None, None] * (GROUP // 2) + chunk * 8 + tl.arange(0, 8)[None, None, :]
+    if WIDE:
+        return pair_hash((pair & 0xFFFFFFFF).to(tl.uint32), mixed_key, (pair >> 32).to(tl.uint32) * M1)
+    return pair_hash(pair.to(tl.uint32), mixed_key, 0)
+
+
+@triton.jit
+def halves_noise(g1, mixed_key, GROUP: tl.constexpr, CHUNKS: tl.constexpr, WIDE: tl.constexpr):
+    """The uniforms of both halves (``halves_hash``)."""
+    h = halves_hash(g1, mixed_key, GROUP, CHUNKS, WIDE)
+    return uniform_of(h), uniform_of(h >> 16)
+
+
+@triton.jit
+def kept_key(blob_ptr, num_groups, BITS: tl.constexpr, GROUP: tl.constexpr, WIDE: tl.constexpr):
+    """``call_mix`` of the key a dithered blob keeps after its padded codes (``runtime.format``)."""
+    if WIDE:
+        body = num_groups.to(tl.int64) * (4 + GROUP * BITS // 8)
+    else:
+        body = num_groups * (4 + GROUP * BITS // 8)
+    words = (blob_ptr + (body + 7) // 8 * 8).to(tl.pointer_type(tl.int32))
+    return call_mix(tl.load(words).to(tl.uint32, bitcast=True), tl.load(words + 1).to(tl.uint32, bitcast=True))
 
 
 @triton.jit

@@ -19,7 +19,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_common import load_group_words, mul, program_features, program_groups, round_to, zero_tail
+from .triton_common import (
+    GOLDEN, M1, dithered, halves_hash, hash_product, kept_key, load_group_words, mul, one_plus_uniform,
+    program_features, program_groups, round_to, zero_tail,
+)
 
 
 @triton.jit
@@ -79,7 +82,7 @@ def _load_codes(codes_ptr, chunk, j, live, BITS: tl.constexpr, GROUP: tl.constex
 def decode_chunked_kernel(
     blob_ptr, out_ptr, numel, num_groups, dtype_max,
     BITS: tl.constexpr, GROUP: tl.constexpr, CHUNKS: tl.constexpr, BLOCK: tl.constexpr,
-    PARTIAL: tl.constexpr, WIDE: tl.constexpr,
+    PARTIAL: tl.constexpr, WIDE: tl.constexpr, DITHER: tl.constexpr,
 ):
     LEVELS: tl.constexpr = (1 << BITS) - 1
     BYTES: tl.constexpr = GROUP * BITS // 8
@@ -93,8 +96,13 @@ def decode_chunked_kernel(
     j = tl.arange(0, 8)[None, None, :]
     live = row_live[:, None] & (chunk < GROUP // 16)
     ca, cb = _load_codes(blob_ptr + 4 * num_groups + g1[:, None] * BYTES, chunk, j, live, BITS, GROUP)
-    va = mul(ca.to(tl.float32), scale) + group_min  # (a NaN word, a poisoned group, decodes to NaN)
-    vb = mul(cb.to(tl.float32), scale) + group_min
+    if DITHER:  # the encode's noise, drawn again and subtracted: ((code + 0.5) - u) * scale + min
+        h = halves_hash(g1, kept_key(blob_ptr, num_groups, BITS, GROUP, WIDE), GROUP, CHUNKS, WIDE)
+        va = mul(dithered(ca, one_plus_uniform(h, False)), scale) + group_min
+        vb = mul(dithered(cb, one_plus_uniform(h, True)), scale) + group_min
+    else:
+        va = mul(ca.to(tl.float32), scale) + group_min  # (a NaN word, a poisoned group, decodes to NaN)
+        vb = mul(cb.to(tl.float32), scale) + group_min
     if tl.min(half_bits) < 0:  # a group with special values: code LEVELS is its special value
         va, vb = _with_special_values(va, vb, ca, cb, half_bits, dtype_max, LEVELS)
     first = g1[:, None, None] * GROUP + chunk[:, :, None] * 16 + j
@@ -132,6 +140,7 @@ def _chunk_code(packed_a, packed_b, high_a, high_b, j, BITS: tl.constexpr):
 def decode_features_kernel(
     blob_ptr, out_ptr, num_groups, dtype_max, token_blocks, row_stride,
     BITS: tl.constexpr, GROUP: tl.constexpr, CHUNKS: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr,
+    DITHER: tl.constexpr,
 ):
     """Feature-major groups (``triton_encode.encode_features_kernel``'s) into a row-major
     [tokens, ``row_stride``] matrix: a program writes BLOCK features of one token block,
@@ -179,10 +188,22 @@ def decode_features_kernel(
         packed_b = (packed >> 8) & 255
     dtype = out_ptr.dtype.element_ty
     token = token_block * GROUP + chunk * 16
+    if DITHER:  # as encode_features_kernel hashes a chunk's pairs
+        mixed_key = kept_key(blob_ptr, num_groups, BITS, GROUP, WIDE)
+        pair0 = g1[:, None] * (GROUP // 2) + chunk * 8
+        if WIDE:
+            product0 = (pair0 & 0xFFFFFFFF).to(tl.uint32) * GOLDEN ^ ((pair0 >> 32).to(tl.uint32) * M1)
+        else:
+            product0 = pair0.to(tl.uint32) * GOLDEN
     for j in tl.static_range(8):
         ca, cb = _chunk_code(packed_a, packed_b, high_a, high_b, j, BITS)
-        va = mul(ca.to(tl.float32), scale) + group_min
-        vb = mul(cb.to(tl.float32), scale) + group_min
+        if DITHER:
+            h = hash_product(product0 + ((j * GOLDEN) & 0xFFFFFFFF), mixed_key)
+            va = mul(dithered(ca, one_plus_uniform(h, False)), scale) + group_min
+            vb = mul(dithered(cb, one_plus_uniform(h, True)), scale) + group_min
+        else:
+            va = mul(ca.to(tl.float32), scale) + group_min
+            vb = mul(cb.to(tl.float32), scale) + group_min
         if any_special:
             va, vb = _with_special_values(va, vb, ca, cb, half_bits, dtype_max, LEVELS)
         tl.store(out_ptr + (token + j) * row_stride + features, round_to(va, dtype), mask=live)

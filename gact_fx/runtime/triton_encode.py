@@ -26,8 +26,8 @@ import triton.language as tl
 
 from .triton_common import (
     BFLOAT16_LOWEST, GOLDEN, HALF_MAX, M1, advance_counter, bfloat16_ceil, bfloat16_floor, bfloat16_floor_finite,
-    call_key, call_mix, hash_product, max_nan, min_nan, mul, pair_hash, program_features, program_groups, scale_factor,
-    store_group_words, uniform, uniform_of, zero_tail,
+    call_key, call_mix, halves_noise, hash_product, max_nan, min_nan, mul, program_features, program_groups,
+    scale_factor, store_group_words, uniform, uniform_of, zero_tail,
 )
 
 SMALLEST_PLAIN_SCALE = tl.constexpr(2.0**-125)  # scale / 2 still normal: the rounding bounds hold
@@ -221,18 +221,6 @@ def _load_halves_features(x_ptr, features, token_block, row_stride, GROUP: tl.co
 
 
 @triton.jit
-def _halves_noise(g1, mixed_key, GROUP: tl.constexpr, CHUNKS: tl.constexpr, WIDE: tl.constexpr):
-    """The uniforms of both halves: one pair hash serves element ``16c + j`` and ``16c + 8 + j``."""
-    chunk = tl.arange(0, CHUNKS)[None, :, None]
-    pair = g1[:, None, None] * (GROUP // 2) + chunk * 8 + tl.arange(0, 8)[None, None, :]
-    if WIDE:
-        h = pair_hash((pair & 0xFFFFFFFF).to(tl.uint32), mixed_key, (pair >> 32).to(tl.uint32) * M1)
-    else:
-        h = pair_hash(pair.to(tl.uint32), mixed_key, 0)
-    return uniform_of(h), uniform_of(h >> 16)
-
-
-@triton.jit
 def _store_words(blob_ptr, g1, num_groups, word, group_min, ROWS: tl.constexpr, NAN: tl.constexpr):
     """The groups' words: bfloat16 half-range words and mins (``NAN``: they may hold NaN)."""
     words = blob_ptr.to(tl.pointer_type(tl.int32))
@@ -257,7 +245,7 @@ def _encode_general(blob_ptr, rows, num_groups, ya, yb, mixed_key, dtype_max, LE
     NaN and extreme scales included."""
     ya = ya.to(tl.float32)
     yb = yb.to(tl.float32)
-    va, vb = _halves_noise(rows, mixed_key, GROUP, CHUNKS, WIDE)
+    va, vb = halves_noise(rows, mixed_key, GROUP, CHUNKS, WIDE)
     word, group_min, used, top, poison, special_a, special_b = general_parameters(ya, yb, dtype_max, LEVELS)
     ca = general_codes(ya, va, special_a, group_min, used, top, poison, LEVELS)
     cb = general_codes(yb, vb, special_b, group_min, used, top, poison, LEVELS)
@@ -316,7 +304,7 @@ def encode_chunked_kernel(
     low, half, half_scale, plain = _scale_and_plain(low, high, dtype_max, LEVELS, x_ptr.dtype.element_ty == tl.float32)
     if (not GENERAL) or tl.min(tl.where(live, plain, True).to(tl.int32)) == 1:
         _store_words(blob_ptr, g1, num_groups, half, low, BLOCK, False)  # first: fewer registers live below
-        ua, ub = _halves_noise(g1, mixed_key, GROUP, CHUNKS, WIDE)
+        ua, ub = halves_noise(g1, mixed_key, GROUP, CHUNKS, WIDE)
         inverse = tl.math.div_rn(1.0, half_scale)
         half_low = mul(low, 0.5)
         FP32: tl.constexpr = x_ptr.dtype.element_ty == tl.float32
@@ -455,3 +443,15 @@ def noise_kernel(out_ptr, num_groups, key_ptr, FROM_STATE: tl.constexpr, GROUP: 
     groups = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)[:, None]
     offsets = groups.to(tl.int64) * GROUP + tl.minimum(lanes, GROUP - 1)
     tl.store(out_ptr + offsets, uniform(k0, k1, offsets), mask=(groups < num_groups) & (lanes < GROUP))
+
+
+@triton.jit
+def store_key_kernel(key_ptr, blob_ptr, key_offset, nbytes, FROM_STATE: tl.constexpr):
+    """A dithered blob's call key (``runtime.format``) at byte ``key_offset``, and zeros for the
+    tag after it. Launched before the encode kernel, which advances the site's counter."""
+    k0, k1, _ = call_key(key_ptr, FROM_STATE)
+    words = (blob_ptr + key_offset).to(tl.pointer_type(tl.int32))
+    tl.store(words, k0.to(tl.int32, bitcast=True))
+    tl.store(words + 1, k1.to(tl.int32, bitcast=True))
+    offsets = key_offset + 8 + tl.arange(0, 8)
+    tl.store(blob_ptr + offsets, tl.zeros([8], dtype=tl.uint8), mask=offsets < nbytes)

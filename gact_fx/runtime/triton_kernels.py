@@ -28,7 +28,7 @@ import torch
 from . import format as fmt
 from .launches import launch
 from .triton_decode import decode_chunked_kernel, decode_features_kernel, pack_mask_kernel, unpack_mask_kernel
-from .triton_encode import encode_chunked_kernel, encode_features_kernel, noise_kernel
+from .triton_encode import encode_chunked_kernel, encode_features_kernel, noise_kernel, store_key_kernel
 
 # Elements a program holds (4 warps): as many as registers take without spilling, so
 # that a program's fixed costs (the key, the per-group reciprocals, the plain-path test)
@@ -155,21 +155,37 @@ def rounding_noise(groups: int, group_size: int, *, state=None, key=None) -> tor
     return out
 
 
-def _new_blob(numel: int, bits: int, group_size: int, itemsize: int, device) -> torch.Tensor:
-    return torch.empty(fmt.float_blob_nbytes(numel, bits, group_size, itemsize), dtype=torch.uint8, device=device)
+def _new_blob(numel: int, bits: int, group_size: int, itemsize: int, device, dithered: bool) -> torch.Tensor:
+    return torch.empty(fmt.float_blob_nbytes(numel, bits, group_size, itemsize, dithered), dtype=torch.uint8,
+                       device=device)
 
 
-def quantize(flat: torch.Tensor, bits: int, group_size: int, *, state=None, key=None, count: bool = False) -> torch.Tensor:
+def _encoded_bytes(blob: torch.Tensor, numel: int, bits: int, group_size: int, source: torch.Tensor, from_state: bool,
+                   dithered: bool):
+    """The bytes an encode kernel writes: all of the blob, or, for a dithered one, up to its key,
+    which ``store_key_kernel`` writes first (before the encode advances the counter)."""
+    if not dithered:
+        return blob.numel()
+    start = fmt.key_offset(numel, bits, group_size)
+    launch(store_key_kernel, (1,), {"key_ptr": source, "blob_ptr": blob, "key_offset": start, "nbytes": blob.numel()},
+           {"FROM_STATE": from_state}, num_warps=1)
+    return start
+
+
+def quantize(flat: torch.Tensor, bits: int, group_size: int, *, state=None, key=None, count: bool = False,
+             dithered: bool = False) -> torch.Tensor:
     """Blob of a contiguous float tensor (of any rank, read as 1-D) at ``bits`` in {1, 2, 3, 4,
-    8}; ``count``: advance the site's counter (``state``) in the kernel."""
+    8}; ``count``: advance the site's counter (``state``) in the kernel; ``dithered``: a blob
+    that keeps its key (``runtime.format``)."""
     source, from_state = _key_source(state, key)
     numel = flat.numel()
     groups = fmt.num_groups(numel, group_size)
-    blob = _new_blob(numel, bits, group_size, flat.element_size(), flat.device)
+    blob = _new_blob(numel, bits, group_size, flat.element_size(), flat.device, dithered)
     shape = block_shape(group_size, groups, flat.element_size(), bits)
     with _on_device(flat):
+        nbytes = _encoded_bytes(blob, numel, bits, group_size, source, from_state, dithered)
         launch(encode_chunked_kernel, _grid(groups, shape.rows),
-               {"x_ptr": flat, "blob_ptr": blob, "numel": numel, "num_groups": groups, "nbytes": blob.numel(),
+               {"x_ptr": flat, "blob_ptr": blob, "numel": numel, "num_groups": groups, "nbytes": nbytes,
                 "key_ptr": source, "dtype_max": _dtype_max(flat.dtype)},
                {"FROM_STATE": from_state, "ADVANCE": from_state and count, "BITS": bits, "GROUP": group_size,
                 "CHUNKS": shape.chunks, "BLOCK": shape.rows, "PARTIAL": bool(numel % group_size != 0),
@@ -186,7 +202,7 @@ def features_in_place(tokens: int, features: int, group_size: int) -> bool:
 
 
 def quantize_transposed(matrix: torch.Tensor, bits: int, group_size: int, *, state=None, key=None,
-                        count: bool = False) -> torch.Tensor:
+                        count: bool = False, dithered: bool = False) -> torch.Tensor:
     """The blob of ``matrix.t()`` (feature-major groups) from a row-major [tokens, features]
     matrix (or a contiguous tensor of any rank, its innermost dimension the features), read
     in place (``features_in_place`` must hold)."""
@@ -195,12 +211,13 @@ def quantize_transposed(matrix: torch.Tensor, bits: int, group_size: int, *, sta
     features = matrix.shape[-1]
     tokens = numel // features
     token_blocks = tokens // group_size
-    blob = _new_blob(numel, bits, group_size, matrix.element_size(), matrix.device)
+    blob = _new_blob(numel, bits, group_size, matrix.element_size(), matrix.device, dithered)
     shape = block_shape(group_size, features, matrix.element_size(), bits, feature_major=True)
     with _on_device(matrix):
+        nbytes = _encoded_bytes(blob, numel, bits, group_size, source, from_state, dithered)
         launch(encode_features_kernel, (token_blocks * _cdiv(features, shape.rows),),
                {"x_ptr": matrix, "blob_ptr": blob, "numel": numel, "num_groups": token_blocks * features,
-                "nbytes": blob.numel(), "key_ptr": source, "dtype_max": _dtype_max(matrix.dtype),
+                "nbytes": nbytes, "key_ptr": source, "dtype_max": _dtype_max(matrix.dtype),
                 "token_blocks": token_blocks, "row_stride": features},
                {"FROM_STATE": from_state, "ADVANCE": from_state and count, "BITS": bits, "GROUP": group_size,
                 "CHUNKS": shape.chunks, "BLOCK": shape.rows, "WIDE": bool(numel >= _INT32_LIMIT),
@@ -210,8 +227,9 @@ def quantize_transposed(matrix: torch.Tensor, bits: int, group_size: int, *, sta
 
 
 def dequantize(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: int,
-               bits: int | None = None) -> torch.Tensor:
-    """Decode a quantized blob into a 1-D tensor (``bits``: read from its length unless given)."""
+               bits: int | None = None, dithered: bool = False) -> torch.Tensor:
+    """Decode a quantized blob into a 1-D tensor (``bits``: read from its length unless given;
+    ``dithered``: a blob that keeps its key)."""
     bits = bits or fmt.bits_from_blob_nbytes(blob.numel())
     groups = fmt.num_groups(numel, group_size)
     out = torch.empty(numel, dtype=dtype, device=blob.device)
@@ -221,13 +239,13 @@ def dequantize(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: i
                {"blob_ptr": blob, "out_ptr": out, "numel": numel, "num_groups": groups,
                 "dtype_max": _dtype_max(dtype)},
                {"BITS": bits, "GROUP": group_size, "CHUNKS": shape.chunks, "BLOCK": shape.rows,
-                "PARTIAL": bool(numel % group_size != 0), "WIDE": bool(numel >= _INT32_LIMIT)},
+                "PARTIAL": bool(numel % group_size != 0), "WIDE": bool(numel >= _INT32_LIMIT), "DITHER": dithered},
                num_warps=shape.warps)
     return out
 
 
 def dequantize_transposed(blob: torch.Tensor, tokens: int, features: int, dtype: torch.dtype,
-                          group_size: int, bits: int | None = None) -> torch.Tensor:
+                          group_size: int, bits: int | None = None, dithered: bool = False) -> torch.Tensor:
     """The row-major [tokens, features] matrix whose feature-major blob ``blob`` is."""
     bits = bits or fmt.bits_from_blob_nbytes(blob.numel())
     token_blocks = tokens // group_size
@@ -238,7 +256,8 @@ def dequantize_transposed(blob: torch.Tensor, tokens: int, features: int, dtype:
                {"blob_ptr": blob, "out_ptr": out, "num_groups": token_blocks * features,
                 "dtype_max": _dtype_max(dtype), "token_blocks": token_blocks, "row_stride": features},
                {"BITS": bits, "GROUP": group_size, "CHUNKS": shape.chunks, "BLOCK": shape.rows,
-                "WIDE": bool(tokens * features >= _INT32_LIMIT)}, num_warps=shape.warps)
+                "WIDE": bool(tokens * features >= _INT32_LIMIT), "DITHER": dithered},
+               num_warps=shape.warps)
     return out
 
 

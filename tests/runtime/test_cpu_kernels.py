@@ -192,6 +192,46 @@ def test_feature_major_blobs_and_decodes_are_the_transposed_copys_bit_for_bit(dt
     assert decoded.is_contiguous() and same_decode(decoded, expected)
 
 
+def dithered_reference_blob(x, bits, group_size, key):
+    noise_values = noise.rounding_noise(fmt.num_groups(x.numel(), group_size), group_size, key)
+    return quantize_reference(x, bits, group_size, noise_values, key)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("numel,group_size", [(255, 64), (70_001, 256), (4096, 16)])
+def test_dithered_blobs_and_decodes_are_bit_identical_to_the_reference(dtype, bits, numel, group_size):
+    x = sample(numel, dtype)
+    x[7] = float("inf")  # a flagged group decodes its special value without the dither
+    key = noise.key_of(0xD17E, numel)
+    blob = cpu_kernels.quantize(x, bits, group_size, key=key, dithered=True)
+    assert torch.equal(blob, dithered_reference_blob(x, bits, group_size, key))
+    expected = dequantize_reference(blob, numel, dtype, group_size, dithered=True)
+    decoded = cpu_kernels.dequantize(blob, numel, dtype, group_size, dithered=True)
+    assert same_decode(decoded, expected) and (bits == 1 or decoded[7] == float("inf"))  # (1 bit: poisoned)
+    assert not same_decode(decoded, dequantize_reference(blob, numel, dtype, group_size))  # the dither is there
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("tokens,features,group_size", [(256, 64, 256), (512, 24, 256), (48, 16, 16)])
+def test_dithered_feature_major_blobs_and_decodes_are_the_transposed_copys(dtype, bits, tokens, features, group_size):
+    scales = torch.logspace(-2, 1, features)
+    matrix = with_special_values((torch.randn(tokens, features, generator=torch.Generator().manual_seed(bits)) * scales).to(dtype))
+    key = noise.key_of(0xD17E, tokens)
+    blob = cpu_kernels.quantize_transposed(matrix, bits, group_size, key=key, dithered=True)
+    assert torch.equal(blob, dithered_reference_blob(matrix.t().reshape(-1), bits, group_size, key))
+    decoded = cpu_kernels.dequantize_transposed(blob, tokens, features, dtype, group_size, dithered=True)
+    expected = dequantize_reference(blob, matrix.numel(), dtype, group_size, dithered=True).view(features, tokens).t()
+    assert decoded.is_contiguous() and same_decode(decoded, expected)
+
+
+def test_a_dithered_blob_keeps_the_key_a_sites_state_gives():
+    x, state = sample(1000, torch.float32), torch.tensor([0x1234, 5, 0])
+    blob = cpu_kernels.quantize(x, 2, 256, state=state, dithered=True)
+    assert torch.equal(blob, dithered_reference_blob(x, 2, 256, noise.call_key(state)))
+
+
 @pytest.mark.parametrize("bits", [2, 8])
 def test_feature_major_decodes_keep_subnormal_values_in_every_dtype(bits):
     # one feature of subnormal values among ordinary ones: bfloat16's one-instruction
@@ -225,7 +265,7 @@ def test_shapes_the_feature_major_kernels_do_not_take_are_refused(tokens, featur
 def test_each_input_dtype_has_a_library_of_its_own_that_refuses_the_others():
     # one library per dtype is a third of the build; a mix-up must fail loudly, not misread bytes
     x = sample(512, torch.float32)
-    blob = cpu_kernels._new_blob(x.numel(), 2, 256, 2)
+    blob = cpu_kernels._new_blob(x.numel(), 2, 256, 2, dithered=False)
     bf16_library = cpu_kernels.library(torch.bfloat16)
     assert bf16_library is not cpu_kernels.library(torch.float32)
     status = bf16_library.gact_encode(x.data_ptr(), x.numel(), 256, blob.data_ptr(), blob.numel(),

@@ -73,6 +73,8 @@ CASES = [
     Case("block", (("bits", 8),), torch.float16),
     Case("block", (("bits", 2), ("feature_groups", True), ("group_size", 32))),
     Case("block", (("bits", 2), ("rotation", 16)), torch.bfloat16),  # rotated in torch around the kernels
+    Case("mlp", (("bits", 3), ("rounding", "dithered"))),  # the key kept by a kernel of its own, decoded in the kernels
+    Case("block", (("bits", 2), ("rounding", "dithered"), ("group_size", 32)), torch.bfloat16),  # feature-major
     Case("block", (("bits", 4), ("group_size", 96))),  # not a power of two: chunks padded
     Case("conv", (("bits", 2),)),
     Case("block", (("level", "L2"), ("adapt_interval", 2))),  # run-time bits, probes re-quantize by explicit key
@@ -196,7 +198,9 @@ def test_the_rehearsal_launched_every_kernel_variant_the_cuda_path_has(rehearsal
             for launch in launches}
     kernels = {kernel for kernel, _, _ in seen}
     assert kernels == {"encode_chunked_kernel", "decode_chunked_kernel", "encode_features_kernel",
-                       "decode_features_kernel", "pack_mask_kernel", "unpack_mask_kernel"}
+                       "decode_features_kernel", "pack_mask_kernel", "unpack_mask_kernel", "store_key_kernel"}
+    dithered = {launch.kernel.rpartition(".")[2] for launch in launches if dict(launch.constants).get("DITHER")}
+    assert dithered == {"decode_chunked_kernel", "decode_features_kernel"}
     for bits in (1, 2, 3, 4, 8):
         for kernel, source in (("encode_chunked_kernel", "*fp32"), ("decode_chunked_kernel", "*u8"),
                                ("encode_features_kernel", "*bf16"), ("decode_features_kernel", "*u8")):

@@ -227,3 +227,43 @@ def test_a_launch_through_wrap_triton_writes_the_same_blob():
         pytest.skip(f"wrap_triton does not take interpreted kernels on torch {torch.__version__}: {error}")
     assert torch.equal(wrapped, plain) and torch.equal(plain, reference_blob(x, 2, GROUP, key))
     assert torch.equal(_wrapped_quantize()(x, key, 2), tk.quantize(x, 2, 256, key=key))  # (its groups: 256)
+
+
+def dithered_reference_blob(x, bits, group_size, key):
+    noise_values = noise.rounding_noise(fmt.num_groups(x.numel(), group_size), group_size, key)
+    return quantize_reference(x, bits, group_size, noise_values, key)
+
+
+def same_decode(a, b):
+    if ON_GPU and a.dtype == torch.float32:  # as above: the GPU may fuse a multiply-add
+        return torch.equal(a.isnan(), b.isnan()) and torch.allclose(a[~a.isnan()], b[~b.isnan()], rtol=1e-6, atol=1e-6)
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a[~a.isnan()], b[~b.isnan()])
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
+def test_dithered_blobs_and_decodes_are_the_references(dtype, bits):
+    x = sample(300, dtype, seed=2)
+    x[5] = float("inf")
+    key = noise.key_of(0xD17E, 3, device=DEVICE)
+    blob = tk.quantize(x, bits, GROUP, key=key, dithered=True)
+    assert torch.equal(blob, dithered_reference_blob(x, bits, GROUP, key))
+    state = torch.tensor([0x1234, 9, 0], dtype=torch.int64, device=DEVICE)
+    from_state = tk.quantize(x, bits, GROUP, state=state.clone(), dithered=True)
+    assert torch.equal(from_state, dithered_reference_blob(x, bits, GROUP, noise.call_key(state)))
+    decoded = tk.dequantize(blob, 300, dtype, GROUP, dithered=True)
+    assert same_decode(decoded, dequantize_reference(blob, 300, dtype, GROUP, dithered=True))
+    assert not same_decode(decoded, dequantize_reference(blob, 300, dtype, GROUP))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("bits", [2, 3, 8])
+def test_dithered_feature_major_blobs_and_decodes_are_the_transposed_copys(dtype, bits):
+    matrix = (torch.randn(128, 24, generator=torch.Generator().manual_seed(bits)) * torch.logspace(-2, 1, 24))
+    matrix = matrix.to(dtype).to(DEVICE)
+    key = noise.key_of(0xD17E, 4, device=DEVICE)
+    blob = tk.quantize_transposed(matrix, bits, GROUP, key=key, dithered=True)
+    assert torch.equal(blob, dithered_reference_blob(matrix.t().reshape(-1), bits, GROUP, key))
+    decoded = tk.dequantize_transposed(blob, 128, 24, dtype, GROUP, dithered=True)
+    expected = dequantize_reference(blob, matrix.numel(), dtype, GROUP, dithered=True).view(24, 128).t()
+    assert same_decode(decoded, expected)
