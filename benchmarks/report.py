@@ -142,6 +142,11 @@ TABLE_FILES = {
                                               "As above, `--task charlm-llama`."),
     "warm_gradient_error_dither_gpt.json": ("Gradient error against the minibatch's noise: dithered rounding on the char GPT",
                                             "As above, `--task charlm`."),
+    "warm_gradient_error_dither_adaptive_bert.json": ("Gradient error against the minibatch's noise: adaptive levels "
+                                                      "dithered on the masked LM",
+                                                      "As above, `--task charlm-bert`: `L2.2` and adaptive 2.5 bits with "
+                                                      "feature groups (each tensor probed once, then frozen), with "
+                                                      "stochastic and with dithered rounding."),
     "feature_groups_error.json": ("Gradient error: groups along features where the innermost dimension is not one",
                                   "`benchmarks/feature_groups_error.py --name feature_groups_error`: one draw's "
                                   "gradient error at init with `feature_groups` on and off, on the CNNs, the MLP and "

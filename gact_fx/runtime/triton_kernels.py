@@ -160,10 +160,11 @@ def _new_blob(numel: int, bits: int, group_size: int, itemsize: int, device, dit
                        device=device)
 
 
-def _encoded_bytes(blob: torch.Tensor, numel: int, bits: int, group_size: int, source: torch.Tensor, from_state: bool,
-                   dithered: bool):
-    """The bytes an encode kernel writes: all of the blob, or, for a dithered one, up to its key,
-    which ``store_key_kernel`` writes first (before the encode advances the counter)."""
+def _store_key_first(blob: torch.Tensor, numel: int, bits: int, group_size: int, source: torch.Tensor,
+                     from_state: bool, dithered: bool):
+    """For a dithered blob, launch ``store_key_kernel`` (before the encode, which advances the
+    counter the key comes from); returns how many bytes the encode kernel then writes: the
+    whole blob, or up to the key."""
     if not dithered:
         return blob.numel()
     start = fmt.key_offset(numel, bits, group_size)
@@ -183,7 +184,7 @@ def quantize(flat: torch.Tensor, bits: int, group_size: int, *, state=None, key=
     blob = _new_blob(numel, bits, group_size, flat.element_size(), flat.device, dithered)
     shape = block_shape(group_size, groups, flat.element_size(), bits)
     with _on_device(flat):
-        nbytes = _encoded_bytes(blob, numel, bits, group_size, source, from_state, dithered)
+        nbytes = _store_key_first(blob, numel, bits, group_size, source, from_state, dithered)
         launch(encode_chunked_kernel, _grid(groups, shape.rows),
                {"x_ptr": flat, "blob_ptr": blob, "numel": numel, "num_groups": groups, "nbytes": nbytes,
                 "key_ptr": source, "dtype_max": _dtype_max(flat.dtype)},
@@ -214,7 +215,7 @@ def quantize_transposed(matrix: torch.Tensor, bits: int, group_size: int, *, sta
     blob = _new_blob(numel, bits, group_size, matrix.element_size(), matrix.device, dithered)
     shape = block_shape(group_size, features, matrix.element_size(), bits, feature_major=True)
     with _on_device(matrix):
-        nbytes = _encoded_bytes(blob, numel, bits, group_size, source, from_state, dithered)
+        nbytes = _store_key_first(blob, numel, bits, group_size, source, from_state, dithered)
         launch(encode_features_kernel, (token_blocks * _cdiv(features, shape.rows),),
                {"x_ptr": matrix, "blob_ptr": blob, "numel": numel, "num_groups": token_blocks * features,
                 "nbytes": nbytes, "key_ptr": source, "dtype_max": _dtype_max(matrix.dtype),
