@@ -68,6 +68,8 @@ METHODS = {
     "L2.2, feature groups, dithered": {"level": "L2.2", "feature_groups": True, "rounding": "dithered"},
     "L2.2, feature groups, relative metric, dithered": {"level": "L2.2", "feature_groups": True,
                                                         "gradient_metric": "relative", "rounding": "dithered"},
+    "adaptive 2.5, feature groups, relative metric, dithered": {"avg_bits": 2.5, "feature_groups": True,
+                                                                "gradient_metric": "relative", "rounding": "dithered"},
 }  # gact options by level, for benchmarks/convergence.py
 
 
