@@ -4,10 +4,9 @@ the torch reference elsewhere.
 All write the same format (``runtime.format``) with the same noise (``runtime.noise``),
 bit for bit, dithered blobs (``rounding="dithered"``) included. ``GACT_FX_KERNELS`` forces
 one: ``triton`` on any device (with ``TRITON_INTERPRET=1`` that is how the Triton kernels
-run on a CPU in tests), ``cpu``
-(CPU tensors), or ``reference``; unset (``auto``), Triton serves CUDA tensors when it is
-installed and the C++ codec (``runtime.cpu_kernels``) serves CPU tensors when it could
-be compiled. Triton and the C++ codec are loaded on first use, never at import time.
+run on a CPU in tests), ``cpu`` (CPU tensors), or ``reference``; unset (``auto``), Triton
+serves CUDA tensors when it is installed and the C++ codec (``runtime.cpu_kernels``) serves
+CPU tensors when it could be compiled. Triton and the C++ codec are loaded on first use, never at import time.
 bool masks take the C++ codec's bit-pack on the CPU, Triton's on CUDA, the reference's
 elsewhere; 32-bit pass-through is a copy.
 
@@ -110,8 +109,6 @@ def _triton_codec():
 def dithers(dtype: torch.dtype, bits: int, dithered: bool) -> bool:
     """Whether a tensor of ``dtype`` stored at ``bits`` by a dithering site gets a dithered blob."""
     return dithered and dtype.is_floating_point and bits != fmt.PASS_THROUGH_BITS
-
-
 
 
 def encode(tensor: torch.Tensor, bits: int, group_size: int, *, state=None, key=None, count=None,

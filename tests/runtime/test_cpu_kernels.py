@@ -22,8 +22,9 @@ def sample(numel, dtype, seed=0):
     return values.to(dtype)
 
 
-def reference_blob(x, bits, group_size, key):
-    return quantize_reference(x, bits, group_size, noise.rounding_noise(fmt.num_groups(x.numel(), group_size), group_size, key))
+def reference_blob(x, bits, group_size, key, dithered=False):
+    noise_values = noise.rounding_noise(fmt.num_groups(x.numel(), group_size), group_size, key)
+    return quantize_reference(x, bits, group_size, noise_values, key if dithered else None)
 
 
 def same_decode(a, b):
@@ -192,11 +193,6 @@ def test_feature_major_blobs_and_decodes_are_the_transposed_copys_bit_for_bit(dt
     assert decoded.is_contiguous() and same_decode(decoded, expected)
 
 
-def dithered_reference_blob(x, bits, group_size, key):
-    noise_values = noise.rounding_noise(fmt.num_groups(x.numel(), group_size), group_size, key)
-    return quantize_reference(x, bits, group_size, noise_values, key)
-
-
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("numel,group_size", [(255, 64), (70_001, 256), (4096, 16)])
@@ -205,7 +201,7 @@ def test_dithered_blobs_and_decodes_are_bit_identical_to_the_reference(dtype, bi
     x[7] = float("inf")  # a flagged group decodes its special value without the dither
     key = noise.key_of(0xD17E, numel)
     blob = cpu_kernels.quantize(x, bits, group_size, key=key, dithered=True)
-    assert torch.equal(blob, dithered_reference_blob(x, bits, group_size, key))
+    assert torch.equal(blob, reference_blob(x, bits, group_size, key, dithered=True))
     expected = dequantize_reference(blob, numel, dtype, group_size, dithered=True)
     decoded = cpu_kernels.dequantize(blob, numel, dtype, group_size, dithered=True)
     assert same_decode(decoded, expected) and (bits == 1 or decoded[7] == float("inf"))  # (1 bit: poisoned)
@@ -220,7 +216,7 @@ def test_dithered_feature_major_blobs_and_decodes_are_the_transposed_copys(dtype
     matrix = with_special_values((torch.randn(tokens, features, generator=torch.Generator().manual_seed(bits)) * scales).to(dtype))
     key = noise.key_of(0xD17E, tokens)
     blob = cpu_kernels.quantize_transposed(matrix, bits, group_size, key=key, dithered=True)
-    assert torch.equal(blob, dithered_reference_blob(matrix.t().reshape(-1), bits, group_size, key))
+    assert torch.equal(blob, reference_blob(matrix.t().reshape(-1), bits, group_size, key, dithered=True))
     decoded = cpu_kernels.dequantize_transposed(blob, tokens, features, dtype, group_size, dithered=True)
     expected = dequantize_reference(blob, matrix.numel(), dtype, group_size, dithered=True).view(features, tokens).t()
     assert decoded.is_contiguous() and same_decode(decoded, expected)
@@ -229,7 +225,7 @@ def test_dithered_feature_major_blobs_and_decodes_are_the_transposed_copys(dtype
 def test_a_dithered_blob_keeps_the_key_a_sites_state_gives():
     x, state = sample(1000, torch.float32), torch.tensor([0x1234, 5, 0])
     blob = cpu_kernels.quantize(x, 2, 256, state=state, dithered=True)
-    assert torch.equal(blob, dithered_reference_blob(x, 2, 256, noise.call_key(state)))
+    assert torch.equal(blob, reference_blob(x, 2, 256, noise.call_key(state), dithered=True))
 
 
 @pytest.mark.parametrize("bits", [2, 8])

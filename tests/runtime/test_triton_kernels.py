@@ -39,8 +39,9 @@ def sample(numel, dtype, seed=0):
     return (torch.randn(numel, generator=generator) * 3).to(dtype).to(DEVICE)
 
 
-def reference_blob(x, bits, group_size, key):
-    return quantize_reference(x, bits, group_size, noise.rounding_noise(fmt.num_groups(x.numel(), group_size), group_size, key))
+def reference_blob(x, bits, group_size, key, dithered=False):
+    noise_values = noise.rounding_noise(fmt.num_groups(x.numel(), group_size), group_size, key)
+    return quantize_reference(x, bits, group_size, noise_values, key if dithered else None)
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
@@ -229,11 +230,6 @@ def test_a_launch_through_wrap_triton_writes_the_same_blob():
     assert torch.equal(_wrapped_quantize()(x, key, 2), tk.quantize(x, 2, 256, key=key))  # (its groups: 256)
 
 
-def dithered_reference_blob(x, bits, group_size, key):
-    noise_values = noise.rounding_noise(fmt.num_groups(x.numel(), group_size), group_size, key)
-    return quantize_reference(x, bits, group_size, noise_values, key)
-
-
 def same_decode(a, b):
     if ON_GPU and a.dtype == torch.float32:  # as above: the GPU may fuse a multiply-add
         return torch.equal(a.isnan(), b.isnan()) and torch.allclose(a[~a.isnan()], b[~b.isnan()], rtol=1e-6, atol=1e-6)
@@ -247,10 +243,10 @@ def test_dithered_blobs_and_decodes_are_the_references(dtype, bits):
     x[5] = float("inf")
     key = noise.key_of(0xD17E, 3, device=DEVICE)
     blob = tk.quantize(x, bits, GROUP, key=key, dithered=True)
-    assert torch.equal(blob, dithered_reference_blob(x, bits, GROUP, key))
+    assert torch.equal(blob, reference_blob(x, bits, GROUP, key, dithered=True))
     state = torch.tensor([0x1234, 9, 0], dtype=torch.int64, device=DEVICE)
     from_state = tk.quantize(x, bits, GROUP, state=state.clone(), dithered=True)
-    assert torch.equal(from_state, dithered_reference_blob(x, bits, GROUP, noise.call_key(state)))
+    assert torch.equal(from_state, reference_blob(x, bits, GROUP, noise.call_key(state), dithered=True))
     decoded = tk.dequantize(blob, 300, dtype, GROUP, dithered=True)
     assert same_decode(decoded, dequantize_reference(blob, 300, dtype, GROUP, dithered=True))
     assert not same_decode(decoded, dequantize_reference(blob, 300, dtype, GROUP))
@@ -263,7 +259,7 @@ def test_dithered_feature_major_blobs_and_decodes_are_the_transposed_copys(dtype
     matrix = matrix.to(dtype).to(DEVICE)
     key = noise.key_of(0xD17E, 4, device=DEVICE)
     blob = tk.quantize_transposed(matrix, bits, GROUP, key=key, dithered=True)
-    assert torch.equal(blob, dithered_reference_blob(matrix.t().reshape(-1), bits, GROUP, key))
+    assert torch.equal(blob, reference_blob(matrix.t().reshape(-1), bits, GROUP, key, dithered=True))
     decoded = tk.dequantize_transposed(blob, 128, 24, dtype, GROUP, dithered=True)
     expected = dequantize_reference(blob, matrix.numel(), dtype, GROUP, dithered=True).view(24, 128).t()
     assert same_decode(decoded, expected)
