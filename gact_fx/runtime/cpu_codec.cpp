@@ -1195,31 +1195,72 @@ inline uint8_t gather_bits(uint64_t eight) {
   return (uint8_t)(((eight & 0x0101010101010101ull) * 0x0102040810204080ull) >> 56);
 }
 
-inline uint32_t key_word(const int64_t* key, int from_state) {
+struct CallKey { uint32_t k0, k1; };
+
+// A call's key: given as [k0, k1], or (``from_state``) derived from a site's state as
+// runtime.noise.call_key does.
+inline CallKey call_key(const int64_t* key, int from_state) {
   const uint32_t k0 = (uint32_t)key[0];
   const uint32_t second = (uint32_t)key[1];
-  const uint32_t k1 = from_state ? fmix32((second * GOLDEN) ^ k0) : second;
-  return call_word(k0, k1);
+  return {k0, from_state ? fmix32((second * GOLDEN) ^ k0) : second};
 }
 
-// Zeroes what follows the groups of a blob of ``nbytes``: its padding and tag (runtime.format).
-// Here rather than in Python, where slicing and zeroing the tail cost more than encoding a small tensor.
-inline void zero_tail(uint8_t* blob, int64_t numel, int64_t group, int bits, int64_t nbytes) {
-  const int64_t groups = (numel + group - 1) / group, body = groups * 4 + groups * (group * bits / 8);
+inline int64_t body_bytes(int64_t numel, int64_t group, int bits) {
+  const int64_t groups = (numel + group - 1) / group;
+  return groups * 4 + groups * (group * bits / 8);
+}
+
+// Where a dithered blob keeps its key: the body rounded up to 8 bytes (runtime.format.key_offset).
+inline int64_t key_offset(int64_t numel, int64_t group, int bits) { return (body_bytes(numel, group, bits) + 7) / 8 * 8; }
+
+// k0 then k1, each little-endian, as runtime.reference.key_bytes writes them.
+inline void store_key(uint8_t* at, CallKey key) {
+  for (int b = 0; b < 4; ++b) {
+    at[b] = (uint8_t)(key.k0 >> (8 * b));
+    at[4 + b] = (uint8_t)(key.k1 >> (8 * b));
+  }
+}
+
+inline CallKey load_key(const uint8_t* at) {
+  CallKey key{0, 0};
+  for (int b = 0; b < 4; ++b) {
+    key.k0 |= (uint32_t)at[b] << (8 * b);
+    key.k1 |= (uint32_t)at[4 + b] << (8 * b);
+  }
+  return key;
+}
+
+// Zeroes what follows the groups of a blob of ``nbytes`` (its padding and tag), then writes a
+// dithered blob's key (runtime.format). Here rather than in Python, where slicing and zeroing
+// the tail cost more than encoding a small tensor.
+inline void finish_tail(uint8_t* blob, int64_t numel, int64_t group, int bits, int64_t nbytes, bool dithered,
+                        CallKey key) {
+  const int64_t body = body_bytes(numel, group, bits);
   if (nbytes > body) std::memset(blob + body, 0, nbytes - body);
+  if (dithered) store_key(blob + key_offset(numel, group, bits), key);
+}
+
+// The hash word of the key a dithered blob keeps (0 for a plain blob, whose decode draws no noise).
+inline uint32_t kept_word(const uint8_t* blob, int64_t numel, int64_t group, int bits, bool dithered) {
+  if (!dithered) return 0u;
+  const CallKey key = load_key(blob + key_offset(numel, group, bits));
+  return call_word(key.k0, key.k1);
 }
 
 }  // namespace
 
 // dtype: 0 float32, 1 bfloat16, 2 float16. Returns 0, or 1 for an unsupported width, 2 for
-// an unsupported group size or dtype. ``nbytes``: the blob's length, whose tail this zeroes.
+// an unsupported group size or dtype. ``nbytes``: the blob's length, whose tail this zeroes;
+// ``dithered``: the blob keeps its call's key there too (runtime.format).
 extern "C" int gact_encode(const void* x, int64_t numel, int64_t group, uint8_t* blob, int64_t nbytes,
-                           const int64_t* key, int from_state, int bits, float dmax, float half_max, int dtype) {
+                           const int64_t* key, int from_state, int bits, float dmax, float half_max, int dtype,
+                           int dithered) {
   if (group > MAX_GROUP || group % 8) return 2;
   if (dtype != GACT_DTYPE) return 2;
-  const int status = encode_typed(static_cast<const Value*>(x), numel, group, blob, key_word(key, from_state), bits,
+  const CallKey call = call_key(key, from_state);
+  const int status = encode_typed(static_cast<const Value*>(x), numel, group, blob, call_word(call.k0, call.k1), bits,
                                   dmax, half_max);
-  if (!status) zero_tail(blob, numel, group, bits, nbytes);
+  if (!status) finish_tail(blob, numel, group, bits, nbytes, dithered, call);
   return status;
 }
 
@@ -1278,15 +1319,15 @@ extern "C" void gact_unpack_mask(const uint8_t* packed, int64_t numel, float* ou
 }
 
 // dtype as for gact_encode; 3 when this machine cannot write float16 (no F16C): decode to float32.
-// ``key``: a dithered blob's call key [k0, k1] (runtime.format), or null for a plain blob.
+// ``dithered``: the blob keeps its call's key (runtime.format), whose noise the decode subtracts.
 extern "C" int gact_decode(const uint8_t* blob, int64_t numel, int64_t group, void* out, int bits, float dmax,
-                           int dtype, const int64_t* key) {
-  if (group > MAX_GROUP || group % 8 || dtype != GACT_DTYPE || (key && group % 16)) return 2;
+                           int dtype, int dithered) {
+  if (group > MAX_GROUP || group % 8 || dtype != GACT_DTYPE || (dithered && group % 16)) return 2;
 #if GACT_DTYPE == 2 && !defined(__F16C__)
   return 3;
 #else
-  return decode_typed(blob, numel, group, static_cast<Value*>(out), bits, dmax, key != nullptr,
-                      key ? key_word(key, 0) : 0u);
+  return decode_typed(blob, numel, group, static_cast<Value*>(out), bits, dmax, dithered, kept_word(blob, numel, group,
+                      bits, dithered));
 #endif
 }
 
@@ -1294,24 +1335,25 @@ extern "C" int gact_decode(const uint8_t* blob, int64_t numel, int64_t group, vo
 // ``group``, ``group`` of 16, features of 8 (else 2); dtype and the rest as for gact_encode.
 extern "C" int gact_encode_transposed(const void* x, int64_t tokens, int64_t features, int64_t group, uint8_t* blob,
                                       int64_t nbytes, const int64_t* key, int from_state, int bits, float dmax,
-                                      float half_max, int dtype) {
+                                      float half_max, int dtype, int dithered) {
   if (group <= 0 || group % 16 || tokens % group || features % 8) return 2;
   if (dtype != GACT_DTYPE) return 2;
+  const CallKey call = call_key(key, from_state);
   const int status = encode_transposed_typed(static_cast<const Value*>(x), tokens, features, group, blob,
-                                             key_word(key, from_state), bits, dmax, half_max);
-  if (!status) zero_tail(blob, tokens * features, group, bits, nbytes);
+                                             call_word(call.k0, call.k1), bits, dmax, half_max);
+  if (!status) finish_tail(blob, tokens * features, group, bits, nbytes, dithered, call);
   return status;
 }
 
 // Decodes such a blob back into the row-major [tokens, features] matrix; answers and takes
-// ``key`` as gact_decode.
+// ``dithered`` as gact_decode.
 extern "C" int gact_decode_transposed(const uint8_t* blob, int64_t tokens, int64_t features, int64_t group, void* out,
-                                      int bits, float dmax, int dtype, const int64_t* key) {
+                                      int bits, float dmax, int dtype, int dithered) {
   if (group <= 0 || group % 16 || tokens % group || features % 8 || dtype != GACT_DTYPE) return 2;
 #if GACT_DTYPE == 2 && !defined(__F16C__)
   return 3;
 #else
-  return decode_transposed_typed(blob, tokens, features, group, static_cast<Value*>(out), bits, dmax, key != nullptr,
-                                 key ? key_word(key, 0) : 0u);
+  return decode_transposed_typed(blob, tokens, features, group, static_cast<Value*>(out), bits, dmax, dithered,
+                                 kept_word(blob, tokens * features, group, bits, dithered));
 #endif
 }

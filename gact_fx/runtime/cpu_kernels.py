@@ -10,7 +10,8 @@ elements), the rounding and the packing, in GCC/Clang vector types: sixteen lane
 time where the machine has AVX-512 (Inductor compiles with ``-march=native``), the codes
 of 64 elements saturated into one vector of bytes, gathered by multiply-adds and put in
 order by one byte shuffle (at 1 bit, compare masks), and eight lanes elsewhere; decode
-is one pass too.
+is one pass too. A dithered blob's call key (``runtime.format``) is written by the encoder
+and read back by the decoder in C++ as well, so dithering adds no Python to either call.
 For ``feature_groups`` a second pair of kernels takes a row-major [tokens, features]
 matrix and writes the blob of its transpose (each group one feature's tokens, eight or
 sixteen groups in as many lanes), and decodes back into the matrix: no transposed copy
@@ -41,8 +42,7 @@ import torch
 
 from .. import _compat
 from . import format as fmt
-from .noise import call_key
-from .reference import HALF_MAX, key_bytes, key_from_bytes
+from .reference import HALF_MAX
 
 log = logging.getLogger("gact_fx")
 MAX_GROUP = 4096  # the kernel's buffers; larger groups take the reference
@@ -52,12 +52,13 @@ NO_HALF_STORE = 3  # gact_decode's answer for float16 on a machine without F16C
 _POINTER, _SIZE, _FLAG, _FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 # Each exported function of ``cpu_codec.cpp``: (argument types, return type), in the order of its C signature.
 SIGNATURES = {
-    "gact_encode": ([_POINTER, _SIZE, _SIZE, _POINTER, _SIZE, _POINTER, _FLAG, _FLAG, _FLOAT, _FLOAT, _FLAG], _FLAG),
-    "gact_decode": ([_POINTER, _SIZE, _SIZE, _POINTER, _FLAG, _FLOAT, _FLAG, _POINTER], _FLAG),
+    "gact_encode": ([_POINTER, _SIZE, _SIZE, _POINTER, _SIZE, _POINTER, _FLAG, _FLAG, _FLOAT, _FLOAT, _FLAG, _FLAG],
+                    _FLAG),
+    "gact_decode": ([_POINTER, _SIZE, _SIZE, _POINTER, _FLAG, _FLOAT, _FLAG, _FLAG], _FLAG),
     "gact_noise": ([ctypes.c_uint64, _SIZE, _POINTER, _POINTER], None),
     "gact_encode_transposed": ([_POINTER, _SIZE, _SIZE, _SIZE, _POINTER, _SIZE, _POINTER, _FLAG, _FLAG, _FLOAT, _FLOAT,
-                                _FLAG], _FLAG),
-    "gact_decode_transposed": ([_POINTER, _SIZE, _SIZE, _SIZE, _POINTER, _FLAG, _FLOAT, _FLAG, _POINTER], _FLAG),
+                                _FLAG, _FLAG], _FLAG),
+    "gact_decode_transposed": ([_POINTER, _SIZE, _SIZE, _SIZE, _POINTER, _FLAG, _FLOAT, _FLAG, _FLAG], _FLAG),
     "gact_pack_bool": ([_POINTER, _SIZE, _POINTER, _SIZE], None),
     "gact_unpack_bool": ([_POINTER, _SIZE, _POINTER], None),
     "gact_unpack_mask": ([_POINTER, _SIZE, _POINTER], None),
@@ -94,39 +95,24 @@ def _new_blob(numel: int, bits: int, group_size: int, itemsize: int, dithered: b
     return torch.empty(fmt.float_blob_nbytes(numel, bits, group_size, itemsize, dithered), dtype=torch.uint8)
 
 
-def _key_source(state, key, dithered: bool) -> tuple[torch.Tensor, int]:
-    """What the codec draws its noise from, and whether that is a state (1) or a key (0); a
-    dithered blob needs the key itself, to keep it."""
-    if dithered:
-        return (call_key(state) if key is None else key).contiguous(), 0
+def _key_source(state, key) -> tuple[torch.Tensor, int]:
+    """What the codec draws its noise from, and whether that is a site's state (1) or a call key (0)."""
     return (state, 1) if state is not None else (key, 0)
-
-
-def _keep_key(blob: torch.Tensor, numel: int, bits: int, group_size: int, key: torch.Tensor) -> None:
-    start = fmt.key_offset(numel, bits, group_size)
-    blob[start : start + fmt.KEY_BYTES] = key_bytes(key)
-
-
-def _kept_key(blob: torch.Tensor, numel: int, bits: int, group_size: int) -> torch.Tensor:
-    start = fmt.key_offset(numel, bits, group_size)
-    return key_from_bytes(blob[start : start + fmt.KEY_BYTES])
 
 
 def quantize(tensor: torch.Tensor, bits: int, group_size: int, *, state=None, key=None,
              dithered: bool = False) -> torch.Tensor:
     """Blob of a float CPU tensor's elements in row-major order at ``bits`` in {1, 2, 3, 4, 8}
     (the reference's, bit for bit; ``dithered``: with its key, ``runtime.format``)."""
-    source, from_state = _key_source(state, key, dithered)
+    source, from_state = _key_source(state, key)
     values = tensor.contiguous()
     numel = values.numel()
     blob = _new_blob(numel, bits, group_size, values.element_size(), dithered)
     status = library(values.dtype).gact_encode(values.data_ptr(), numel, group_size, blob.data_ptr(), blob.numel(),
                                                source.data_ptr(), from_state, bits, float(torch.finfo(values.dtype).max),
-                                               HALF_MAX, DTYPE_CODES[values.dtype])
+                                               HALF_MAX, DTYPE_CODES[values.dtype], dithered)
     if status:
         raise ValueError(f"gact CPU codec: unsupported width {bits} or group size {group_size} (at most {MAX_GROUP})")
-    if dithered:
-        _keep_key(blob, numel, bits, group_size, source)
     return blob
 
 
@@ -167,19 +153,17 @@ def quantize_transposed(matrix: torch.Tensor, bits: int, group_size: int, *, sta
                         dithered: bool = False) -> torch.Tensor:
     """The blob of ``matrix.t().reshape(-1)``, read from the row-major [tokens, features]
     ``matrix`` in place (no transposed copy); bit for bit the blob ``quantize`` writes."""
-    source, from_state = _key_source(state, key, dithered)
+    source, from_state = _key_source(state, key)
     tokens, features = matrix.shape
     values = matrix.contiguous()
     blob = _new_blob(values.numel(), bits, group_size, values.element_size(), dithered)
     status = library(values.dtype).gact_encode_transposed(values.data_ptr(), tokens, features, group_size,
                                                           blob.data_ptr(), blob.numel(), source.data_ptr(), from_state,
                                                           bits, float(torch.finfo(values.dtype).max), HALF_MAX,
-                                                          DTYPE_CODES[values.dtype])
+                                                          DTYPE_CODES[values.dtype], dithered)
     if status:
         raise ValueError(f"gact CPU codec: no feature-major encoding of {tokens} x {features} at {bits} bits in "
                          f"groups of {group_size}")
-    if dithered:
-        _keep_key(blob, values.numel(), bits, group_size, source)
     return blob
 
 
@@ -198,15 +182,13 @@ def dequantize(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: i
     bits = fmt.bits_from_blob_nbytes(blob.numel())
     blob = blob.contiguous()
     dmax = float(torch.finfo(dtype).max)
-    key = _kept_key(blob, numel, bits, group_size) if dithered else None
-    key_ptr = None if key is None else key.data_ptr()
     out = torch.empty(numel if shape is None else shape, dtype=dtype)
     status = library(dtype).gact_decode(blob.data_ptr(), numel, group_size, out.data_ptr(), bits, dmax,
-                                        DTYPE_CODES[dtype], key_ptr)
+                                        DTYPE_CODES[dtype], dithered)
     if status == NO_HALF_STORE:
         wide = torch.empty(out.shape, dtype=torch.float32)
         status = library(torch.float32).gact_decode(blob.data_ptr(), numel, group_size, wide.data_ptr(), bits, dmax, 0,
-                                                    key_ptr)
+                                                    dithered)
         out = wide.to(dtype)
     if status:
         raise ValueError(f"gact CPU codec: unsupported width {bits}")
@@ -220,16 +202,14 @@ def dequantize_transposed(blob: torch.Tensor, tokens: int, features: int, dtype:
     bits = fmt.bits_from_blob_nbytes(blob.numel())
     blob = blob.contiguous()
     dmax = float(torch.finfo(dtype).max)
-    key = _kept_key(blob, tokens * features, bits, group_size) if dithered else None
-    key_ptr = None if key is None else key.data_ptr()
     out = torch.empty(tokens, features, dtype=dtype)
     decode = library(dtype).gact_decode_transposed
     status = decode(blob.data_ptr(), tokens, features, group_size, out.data_ptr(), bits, dmax, DTYPE_CODES[dtype],
-                    key_ptr)
+                    dithered)
     if status == NO_HALF_STORE:
         wide = torch.empty(tokens, features, dtype=torch.float32)
         status = library(torch.float32).gact_decode_transposed(blob.data_ptr(), tokens, features, group_size,
-                                                               wide.data_ptr(), bits, dmax, 0, key_ptr)
+                                                               wide.data_ptr(), bits, dmax, 0, dithered)
         out = wide.to(dtype)
     if status:
         raise ValueError(f"gact CPU codec: no feature-major decoding of {tokens} x {features} at {bits} bits in "

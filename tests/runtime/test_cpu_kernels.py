@@ -266,7 +266,7 @@ def test_each_input_dtype_has_a_library_of_its_own_that_refuses_the_others():
     assert bf16_library is not cpu_kernels.library(torch.float32)
     status = bf16_library.gact_encode(x.data_ptr(), x.numel(), 256, blob.data_ptr(), blob.numel(),
                                       noise.key_of(1, 2).data_ptr(), 0, 2, float(torch.finfo(torch.float32).max), 1.0,
-                                      cpu_kernels.DTYPE_CODES[torch.float32])
+                                      cpu_kernels.DTYPE_CODES[torch.float32], 0)
     assert status == 2
 
 
