@@ -51,6 +51,14 @@ CONFIGS = {
     "uniform 4, feature groups, dithered": {"bits": 4, "feature_groups": True, "rounding": "dithered"},
     "uniform 3, feature groups, dithered": {"bits": 3, "feature_groups": True, "rounding": "dithered"},
     "uniform 2, feature groups, dithered": {"bits": 2, "feature_groups": True, "rounding": "dithered"},
+    "uniform 4, feature groups, attention floor 4, dithered": {"bits": 4, "nonlinear_bits": 4, "feature_groups": True,
+                                                               "rounding": "dithered"},
+    "uniform 3, feature groups, attention floor 4, dithered": {"bits": 3, "nonlinear_bits": 4, "feature_groups": True,
+                                                               "rounding": "dithered"},
+    "uniform 4, feature groups, attention floor 4, dithered, debiased": {
+        "bits": 4, "nonlinear_bits": 4, "feature_groups": True, "rounding": "dithered", "debias_attention": True},
+    "uniform 3, feature groups, attention floor 4, dithered, debiased": {
+        "bits": 3, "nonlinear_bits": 4, "feature_groups": True, "rounding": "dithered", "debias_attention": True},
     "uniform 2": {"bits": 2, "feature_groups": False},
     "uniform 2, feature groups": {"bits": 2, "feature_groups": True},
     "L2.1": {"level": "L2.1", **_PROBE_ALL},

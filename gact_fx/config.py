@@ -179,6 +179,16 @@ class PassesConfig:
     the logsumexp no longer saved. False passes the saved output, whose mismatch
     with the rounded value multiplies the query and key gradients' error."""
 
+    debias_attention: bool = False
+    """Remove the bias that rounded query and key put into each fused attention backward
+    (``passes.debias``). Softmax is curved, so noise in the logits biases the gradient by
+    about the noise's variance: at 4 bits that keeps query and key at ``nonlinear_bits``'
+    8. With dithered rounding the noise is known, and the pass decodes query and key a
+    second time under other noise, runs the attention backward also at the stored values
+    plus and minus that difference, and returns ``2 g - (g+ + g-) / 2``, which cancels the
+    bias to second order. Costs two attention forwards and backwards more per layer in
+    the backward. Needs ``rounding="dithered"``; meant with ``nonlinear_bits=4``."""
+
     recompute_affine: bool = True
     """Stop saving a tensor that is an affine function of another saved tensor (a
     LayerNorm's output beside its normalised input) and rebuild it in the backward from
@@ -191,7 +201,7 @@ class PassesConfig:
     through torch's activation-offloading pass; on a CPU-only machine it changes nothing."""
 
     def __post_init__(self) -> None:
-        for name in ("save_derivatives", "recompute_attention", "recompute_affine", "offload"):
+        for name in ("save_derivatives", "recompute_attention", "recompute_affine", "debias_attention", "offload"):
             _check_type(name, getattr(self, name), bool)
         if self.offload and not _compat.has_activation_offloading():
             raise ValueError(
@@ -259,6 +269,10 @@ class GactConfig:
         if traced and self.core.rounding != "stochastic":
             raise ValueError(f"lowering={self.compile.lowering!r} writes plain blobs in traced code; "
                              f"rounding={self.core.rounding!r} needs lowering='op' or 'auto'")
+        if self.passes.debias_attention and self.core.rounding != "dithered":
+            raise ValueError("debias_attention=True cancels the bias of query and key stored with dithered rounding, "
+                             f"whose noise the decoder can draw again; it needs rounding='dithered', got "
+                             f"rounding={self.core.rounding!r}")
 
     @property
     def enabled(self) -> bool:

@@ -17,6 +17,7 @@ import torch.fx as fx
 
 from ._compat import inductor_lays_out_channels_last, partitioners
 from .config import GactConfig
+from .passes.debias import debias_attention
 from .passes.memory import saved_bytes_timeline
 from .passes.offload import offload_blobs
 from .passes.pipeline import PassContext, Stopwatch, run_section_passes
@@ -140,6 +141,8 @@ class GactPartitioner:
             index=self.graph_index, compiler=self.compiler, config=self.config, baseline=baseline, saved=saved, plan=plan
         )
         stopwatch.time("rewrite", lambda: apply_plan(fw, bw, saved, plan, masks_as_bytes=self._inductor_runs_the_ops))
+        if self.config.passes.debias_attention:
+            record.debiased_slots = stopwatch.time("debias attention", lambda: debias_attention(bw))
         lowering = self.config.compile.lowering
         if lowering in ("aten", "triton"):
             from .passes.lower import lower_ops  # imports Inductor's prims

@@ -235,6 +235,7 @@ class GraphRecord:
     code_after: tuple[str, str] = ("", "")
     pass_seconds: float = 0.0  # all of gact's work on the graph, after the stock partitioner
     passes: tuple = ()  # ``passes.pipeline.PassRun``: each pass and stage in order, its time and what it changed
+    debiased_slots: frozenset = frozenset()  # sites whose attention bias ``passes.debias`` cancels
     parameters: list = field(default_factory=list)  # weak references to the graph's parameters
     forward_view: GraphView | None = None  # the graphs as gact left them (plain data)
     backward_view: GraphView | None = None
@@ -413,9 +414,11 @@ UNBIASED_EXPONENTIAL_BITS = 8
 
 def biased_exponentials(record: GraphRecord) -> list[CompressionRecord]:
     """The graph's tensors read through an exponential that are, or may be set (adaptive bits
-    above their floor), stored below ``UNBIASED_EXPONENTIAL_BITS``."""
+    above their floor), stored below ``UNBIASED_EXPONENTIAL_BITS``, less those whose bias
+    ``passes.debias`` cancels."""
     return [c for c in record.compressions if c.use == "exponential" and c.is_float
-            and (c.floor if c.bits == RUNTIME_BITS else c.bits) < UNBIASED_EXPONENTIAL_BITS]
+            and (c.floor if c.bits == RUNTIME_BITS else c.bits) < UNBIASED_EXPONENTIAL_BITS
+            and c.slot not in record.debiased_slots]
 
 
 def log_record(record: GraphRecord) -> None:

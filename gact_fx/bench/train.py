@@ -64,6 +64,10 @@ METHODS = {
     # dithered rounding (rounding='dithered'): the same codes, half the variance
     "L1, feature groups, dithered": {"level": "L1", "feature_groups": True, "rounding": "dithered"},
     "3 bit, feature groups, dithered": {"bits": 3, "feature_groups": True, "rounding": "dithered"},
+    "3 bit, feature groups, attention floor 4, dithered": {"bits": 3, "nonlinear_bits": 4, "feature_groups": True,
+                                                           "rounding": "dithered"},
+    "3 bit, feature groups, attention floor 4, dithered, debiased": {
+        "bits": 3, "nonlinear_bits": 4, "feature_groups": True, "rounding": "dithered", "debias_attention": True},
     "L1.2, feature groups, dithered": {"level": "L1.2", "feature_groups": True, "rounding": "dithered"},
     "L2.2, feature groups, dithered": {"level": "L2.2", "feature_groups": True, "rounding": "dithered"},
     "L2.2, feature groups, relative metric, dithered": {"level": "L2.2", "feature_groups": True,

@@ -42,8 +42,8 @@ _FORWARD_ONLY = {"compute_log_sumexp": True, "return_debug_mask": False}
 _SAME_ARGUMENT = {"attn_bias": ("attn_bias", "attn_mask"), "attn_mask": ("attn_mask", "attn_bias")}
 
 
-def _forward_of(node: fx.Node):
-    """The forward overload of an SDPA backward node, if aten has one."""
+def sdpa_forward_of(node: fx.Node):
+    """The forward overload of an SDPA backward node, if aten has one (else None)."""
     schema = getattr(node.target, "_schema", None)
     if schema is None or not schema.name.startswith("aten::_scaled_dot_product") or not schema.name.endswith("_backward"):
         return None
@@ -51,7 +51,8 @@ def _forward_of(node: fx.Node):
     return None if packet is None else packet.default
 
 
-def _bound(node: fx.Node) -> dict[str, object]:
+def bound_arguments(node: fx.Node) -> dict[str, object]:
+    """A call's arguments by schema name, defaults included."""
     schema = node.target._schema
     bound = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
     bound.update(zip((a.name for a in schema.arguments), node.args))
@@ -59,7 +60,7 @@ def _bound(node: fx.Node) -> dict[str, object]:
     return bound
 
 
-def _forward_call(forward, backward: dict[str, object]) -> tuple[tuple, dict] | None:
+def forward_call(forward, backward: dict[str, object]) -> tuple[tuple, dict] | None:
     """The forward's args and kwargs from the backward's bound arguments (None if one is missing)."""
     args, kwargs = [], {}
     for argument in forward._schema.arguments:
@@ -76,6 +77,19 @@ def _forward_call(forward, backward: dict[str, object]) -> tuple[tuple, dict] | 
     return tuple(args), kwargs
 
 
+def attention_backwards(bw: fx.GraphModule):
+    """Each SDPA backward without dropout that takes the forward's ``out`` and ``logsumexp``:
+    (node, its forward overload, its bound arguments), over a snapshot of the graph's nodes."""
+    for node in list(bw.graph.nodes):
+        forward = sdpa_forward_of(node) if node.op == "call_function" else None
+        if forward is None:
+            continue
+        backward = bound_arguments(node)
+        if backward.get("dropout_p") or "out" not in backward or "logsumexp" not in backward:
+            continue
+        yield node, forward, backward
+
+
 def _reads_lossy(value, lossy: set[fx.Node]) -> bool:
     return isinstance(value, fx.Node) and alias_path(value).root in lossy
 
@@ -87,16 +101,10 @@ def recompute_attention_outputs(
     (``quantized`` as for ``passes.hoist.hoist_comparisons``)."""
     lossy = lossy_placeholders(saved, quantized)
     changed = 0
-    for node in list(bw.graph.nodes):
-        forward = _forward_of(node) if node.op == "call_function" else None
-        if forward is None:
-            continue
-        backward = _bound(node)
-        if backward.get("dropout_p") or "out" not in backward or "logsumexp" not in backward:
-            continue
+    for node, forward, backward in attention_backwards(bw):
         if not any(_reads_lossy(backward.get(name), lossy) for name in ("query", "key", "value")):
             continue
-        call = _forward_call(forward, backward)
+        call = forward_call(forward, backward)
         if call is None:
             log.debug("%s: no way to call %s from its arguments", node.name, forward)
             continue
@@ -104,8 +112,8 @@ def recompute_attention_outputs(
             recomputed = bw.graph.call_function(forward, *call)
             output = bw.graph.call_function(operator.getitem, (recomputed, 0))
             logsumexp = bw.graph.call_function(operator.getitem, (recomputed, 1))
-        with detect_fake_mode(_fake_inputs(node)) or contextlib.nullcontext():
-            values = forward(*_vals(call[0]), **_vals(call[1]))
+        with detect_fake_mode(fake_inputs(node)) or contextlib.nullcontext():
+            values = forward(*fake_values(call[0]), **fake_values(call[1]))
         recomputed.meta["val"] = values
         output.meta["val"], logsumexp.meta["val"] = values[0], values[1]
         schema_names = [a.name for a in node.target._schema.arguments]
@@ -131,15 +139,17 @@ def recompute_attention_outputs(
     return changed
 
 
-def _vals(value):
+def fake_values(value):
+    """``value`` with each node in it replaced by its fake value."""
     if isinstance(value, fx.Node):
         return value.meta["val"]
     if isinstance(value, (list, tuple)):
-        return type(value)(_vals(v) for v in value)
+        return type(value)(fake_values(v) for v in value)
     if isinstance(value, dict):
-        return {k: _vals(v) for k, v in value.items()}
+        return {k: fake_values(v) for k, v in value.items()}
     return value
 
 
-def _fake_inputs(node: fx.Node) -> list:
+def fake_inputs(node: fx.Node) -> list:
+    """The fake tensors among a node's inputs (to find their fake mode)."""
     return [n.meta["val"] for n in node.all_input_nodes if isinstance(n.meta.get("val"), torch.Tensor)]

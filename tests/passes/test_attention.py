@@ -73,14 +73,14 @@ def test_a_consistent_output_lowers_the_error_of_sharp_attention_at_2_bits(x):
 def test_every_sdpa_backward_finds_its_forward_and_its_arguments(variant):
     # the GPU variants cannot run here: check that the forward is called on the
     # backward's own query, key, value, mask and flags, and asks for the logsumexp
-    from gact_fx.passes.attention import _forward_call, _forward_of
+    from gact_fx.passes.attention import forward_call, sdpa_forward_of
 
     backward = getattr(torch.ops.aten, f"_scaled_dot_product_{variant}_backward").default
     node = type("Node", (), {"target": backward})()
-    forward = _forward_of(node)
+    forward = sdpa_forward_of(node)
     assert forward is getattr(torch.ops.aten, f"_scaled_dot_product_{variant}").default
     bound = {a.name: f"<{a.name}>" for a in backward._schema.arguments}
-    args, kwargs = _forward_call(forward, bound)
+    args, kwargs = forward_call(forward, bound)
     called = dict(zip((a.name for a in forward._schema.arguments), args)) | kwargs
     for name in ("query", "key", "value", "dropout_p", "is_causal", "scale"):
         assert called[name] == f"<{name}>"
