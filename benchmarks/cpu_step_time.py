@@ -9,6 +9,7 @@ in the same run. Prints a Markdown table (and writes JSON with --json).
     python benchmarks/cpu_step_time.py --models char-gpt --bits 2 --feature-groups --name cpu_step_time_feature_groups
     python benchmarks/cpu_step_time.py --models char-gpt block --compilers inductor --bits 3 --rotation 32 --name cpu_step_time_rotation
     python benchmarks/cpu_step_time.py --models char-gpt block --compilers inductor --bits 3 --dithered --name cpu_step_time_dithered
+    python benchmarks/cpu_step_time.py --models char-gpt block --compilers inductor --bits 3 --dithered --debiased --name cpu_step_time_debiased
 """
 
 from __future__ import annotations
@@ -80,6 +81,8 @@ def main(argv=None):
     parser.add_argument("--feature-groups", action="store_true", help="also measure each width with feature_groups=True")
     parser.add_argument("--rotation", type=int, default=0, help="also measure each width with this rotation block")
     parser.add_argument("--dithered", action="store_true", help="also measure each width with rounding='dithered'")
+    parser.add_argument("--debiased", action="store_true", help="also measure each width dithered with query and key "
+                        "at 4 bits, without and with debias_attention")
     parser.add_argument("--name", default="cpu_step_time", help="results file stem")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -100,6 +103,10 @@ def main(argv=None):
                 variants[f", rotation {args.rotation}"] = {"rotation": args.rotation}
             if args.dithered:
                 variants[", dithered"] = {"rounding": "dithered"}
+            if args.debiased:
+                floor4 = {"rounding": "dithered", "nonlinear_bits": 4}
+                variants[", dithered, query and key at 4"] = floor4
+                variants[", dithered, query and key at 4, debiased"] = floor4 | {"debias_attention": True}
             for bits in args.bits:
                 for suffix, options in variants.items():
                     backend = gact_fx.backend(bits=bits, compiler=compiler, lowering=args.lowering, **options)

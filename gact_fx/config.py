@@ -269,6 +269,9 @@ class GactConfig:
         if traced and self.core.rounding != "stochastic":
             raise ValueError(f"lowering={self.compile.lowering!r} writes plain blobs in traced code; "
                              f"rounding={self.core.rounding!r} needs lowering='op' or 'auto'")
+        if self.passes.debias_attention and not self.passes.recompute_attention:
+            raise ValueError("debias_attention=True evaluates each attention backward at its recomputed output; it "
+                             "needs recompute_attention=True")
         if self.passes.debias_attention and self.core.rounding != "dithered":
             raise ValueError("debias_attention=True cancels the bias of query and key stored with dithered rounding, "
                              f"whose noise the decoder can draw again; it needs rounding='dithered', got "

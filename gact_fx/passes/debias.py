@@ -86,9 +86,9 @@ def _replay(emit: _Emitter, chain: tuple[fx.Node, ...], root: fx.Node, new_root:
     return current
 
 
-def _shifted_pair(emit: _Emitter, root: fx.Node, chain: tuple[fx.Node, ...]) -> tuple[fx.Node, fx.Node]:
-    """The decoded ``root`` seen through ``chain``, plus and minus ``z``: the difference of a
-    second decode under other noise, over sqrt(2)."""
+def _shifted_roots(emit: _Emitter, root: fx.Node) -> tuple[fx.Node, fx.Node]:
+    """The decoded ``root`` plus and minus ``z``: the difference of a second decode under other
+    noise, over sqrt(2)."""
     blob, shape, dtype, group_size, perm, slot, *rest = root.args
     numel = functools.reduce(lambda a, b: emit(operator.mul, a, b) if isinstance(a, fx.Node) or isinstance(b, fx.Node)
                              else a * b, shape, 1)
@@ -100,8 +100,7 @@ def _shifted_pair(emit: _Emitter, root: fx.Node, chain: tuple[fx.Node, ...]) -> 
     zero = emit(_aten.full.default, [], 0.0, dtype=value.dtype, device=value.device)
     difference = emit(_aten.where.self, emit(_aten.eq.Tensor, difference, difference), difference, zero)
     z = emit(_aten.mul.Tensor, difference, 1 / math.sqrt(2))
-    plus, minus = emit(_aten.add.Tensor, root, z), emit(_aten.sub.Tensor, root, z)
-    return _replay(emit, chain, root, plus), _replay(emit, chain, root, minus)
+    return emit(_aten.add.Tensor, root, z), emit(_aten.sub.Tensor, root, z)
 
 
 def _shifted_backward(emit: _Emitter, node: fx.Node, forward, inputs: dict[str, fx.Node]) -> fx.Node:
@@ -127,9 +126,12 @@ def debias_attention(bw: fx.GraphModule) -> frozenset[int]:
             continue
         emit = _Emitter(bw.graph, detect_fake_mode(fake_inputs(node)))
         with bw.graph.inserting_before(node):
-            pairs = {name: _shifted_pair(emit, root, chain) for name, (root, chain) in decoded.items()}
-            backwards = [_shifted_backward(emit, node, forward, {name: pair[side] for name, pair in pairs.items()})
-                         for side in (0, 1)]
+            # one shift per decoded tensor: query and key may be views of the same one
+            shifted_roots = {root: _shifted_roots(emit, root) for root, _ in decoded.values()}
+            backwards = [
+                _shifted_backward(emit, node, forward, {name: _replay(emit, chain, root, shifted_roots[root][side])
+                                                        for name, (root, chain) in decoded.items()})
+                for side in (0, 1)]
         for gradient in [user for user in node.users if user.target is operator.getitem]:
             if not isinstance(gradient.meta.get("val"), torch.Tensor):
                 continue

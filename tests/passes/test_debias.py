@@ -111,3 +111,8 @@ def test_only_query_and_key_left_biased_are_warned_about(x, caplog):
     with caplog.at_level("WARNING", logger="gact_fx"):
         one_step(Attention(), x, debias_attention=True, **DITHERED_4_BITS)
     assert "reads through an exponential" not in caplog.text
+
+
+def test_debiasing_without_the_recomputed_output_is_refused_by_name():
+    with pytest.raises(ValueError, match="needs recompute_attention=True"):
+        gact_fx.backend(debias_attention=True, recompute_attention=False, rounding="dithered")
