@@ -147,6 +147,24 @@ TABLE_FILES = {
                                                       "As above, `--task charlm-bert`: `L2.2` and adaptive 2.5 bits with "
                                                       "feature groups (each tensor probed once, then frozen), with "
                                                       "stochastic and with dithered rounding."),
+    "warm_gradient_error_debias_bert.json": ("Gradient bias: query and key at 4 bits, dithered and debiased, on the masked LM",
+                                             "`benchmarks/warm_gradient_error.py --task charlm-bert --draws 64`: query and "
+                                             "key at 4 bits (`nonlinear_bits=4`) with stochastic rounding, dithered, and "
+                                             "dithered with `debias_attention` (each attention backward also run at query "
+                                             "and key shifted by a second draw of their noise, `passes.debias`). 64 draws, "
+                                             "so that the mean's error resolves a bias of a few percent; the last two rows "
+                                             "ran in a second process on the same warm model."),
+    "warm_gradient_error_debias_gpt.json": ("Gradient bias: query and key at 4 bits, dithered and debiased, on the char GPT",
+                                            "As above, `--task charlm`; the first rows' configurations differ."),
+    "warm_gradient_error_debias_llama.json": ("Gradient bias: query and key at 4 bits, dithered and debiased, on the Llama",
+                                              "As above, `--task charlm-llama`. The residual above the averaging floor "
+                                              "after debiasing is not all query and key's: 3 bits with them at 8 sit at "
+                                              "1.15x too."),
+    "cpu_step_time_debiased.json": ("CPU step time with query and key at 4 bits, debiased",
+                                    "`benchmarks/cpu_step_time.py --models char-gpt block --compilers inductor --bits 3 "
+                                    "--dithered --debiased --name cpu_step_time_debiased`: `debias_attention` runs two "
+                                    "attention forwards and backwards more per layer in the backward; measured beside a "
+                                    "training run on the other core."),
     "feature_groups_error.json": ("Gradient error: groups along features where the innermost dimension is not one",
                                   "`benchmarks/feature_groups_error.py --name feature_groups_error`: one draw's "
                                   "gradient error at init with `feature_groups` on and off, on the CNNs, the MLP and "
