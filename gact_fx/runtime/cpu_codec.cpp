@@ -1326,8 +1326,8 @@ extern "C" int gact_decode(const uint8_t* blob, int64_t numel, int64_t group, vo
 #if GACT_DTYPE == 2 && !defined(__F16C__)
   return 3;
 #else
-  return decode_typed(blob, numel, group, static_cast<Value*>(out), bits, dmax, dithered, kept_word(blob, numel, group,
-                      bits, dithered));
+  return decode_typed(blob, numel, group, static_cast<Value*>(out), bits, dmax, dithered,
+                      kept_word(blob, numel, group, bits, dithered));
 #endif
 }
 
