@@ -30,6 +30,7 @@ def mean_over_floor(model, x, draws, **options) -> tuple[float, float]:
     return single, relative_error(torch.stack(grads).mean(0), exact) / (single / draws**0.5)
 
 
+@pytest.mark.compat  # the pass reads aten's SDPA schemas and rewrites FX graphs: both move
 def test_the_mean_gradient_of_4_bit_query_and_key_reaches_the_averaging_floor(x):
     # sharp attention (as training makes it) at 4 bits: the softmax's curvature biases the
     # plain gradient well past the floor; the debiased one sits on it, for a little more noise
@@ -42,6 +43,7 @@ def test_the_mean_gradient_of_4_bit_query_and_key_reaches_the_averaging_floor(x)
     assert debiased_error < 1.3 * plain_error
 
 
+@pytest.mark.compat
 def test_the_backward_runs_each_attention_at_three_points_in_one_graph(x):
     torch.manual_seed(0)
     model = Attention()
@@ -65,6 +67,7 @@ def test_nothing_changes_at_32_bits(x):
     assert torch.equal(grad, baseline)
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("compiler", ["eager", "inductor"])
 def test_8_bits_stay_close_to_the_exact_gradient(x, compiler):
     torch.manual_seed(0)
