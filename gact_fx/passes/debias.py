@@ -31,7 +31,6 @@ alone, as ``passes.attention`` leaves it.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import math
 import operator
@@ -90,9 +89,7 @@ def _shifted_roots(emit: _Emitter, root: fx.Node) -> tuple[fx.Node, fx.Node]:
     """The decoded ``root`` plus and minus ``z``: the difference of a second decode under other
     noise, over sqrt(2)."""
     blob, shape, dtype, group_size, perm, slot, *rest = root.args
-    numel = functools.reduce(lambda a, b: emit(operator.mul, a, b) if isinstance(a, fx.Node) or isinstance(b, fx.Node)
-                             else a * b, shape, 1)
-    again = emit(DEQUANTIZE, emit(REDITHER, blob, numel, group_size, slot), shape, dtype, group_size, perm, slot,
+    again = emit(DEQUANTIZE, emit(REDITHER, blob, shape, group_size, slot), shape, dtype, group_size, perm, slot,
                  *rest, **root.kwargs)
     # special values decode the same both times: inf - inf (or a NaN) must add nothing
     difference = emit(_aten.sub.Tensor, again, root)

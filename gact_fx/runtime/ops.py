@@ -34,10 +34,10 @@
     While a probe measures, the probed call's blob (and only it: its token says so) is
     replaced by the exact copy or a re-quantization of it.
 
-``gact::redither(Tensor blob, SymInt numel, int group_size, int slot) -> Tensor``
-    A copy of a dithered site's blob whose kept key is changed, so that ``dequantize``
-    returns the same codes under independent noise (``passes.debias``); other blobs are
-    copied unchanged.
+``gact::redither(Tensor blob, SymInt[] shape, int group_size, int slot) -> Tensor``
+    A copy of a dithered site's blob of a tensor of ``shape`` whose kept key is changed, so
+    that ``dequantize`` returns the same codes under independent noise (``passes.debias``);
+    other blobs are copied unchanged.
 
 All five ops are functional as far as the graph can see (outputs never alias inputs; the
 noise counter is state of the site, like a generator's) and have fake implementations,
@@ -165,18 +165,18 @@ def _dequantize_fake(blob, shape, dtype, group_size, perm, slot, layout=None):
 REDRAW_SALT = 0x5A  # XORed into each byte of a kept key's k1: another key, so other noise
 
 
-@_op("redither", "(Tensor blob, SymInt numel, int group_size, int slot) -> Tensor")
-def redither(blob: torch.Tensor, numel: int, group_size: int, slot: int) -> torch.Tensor:
+@_op("redither", "(Tensor blob, SymInt[] shape, int group_size, int slot) -> Tensor")
+def redither(blob: torch.Tensor, shape: Sequence[int], group_size: int, slot: int) -> torch.Tensor:
     out = blob.clone()
     bits = fmt.bits_from_blob_nbytes(blob.numel())
     if DIRECTORY.site(slot).dithered and bits != fmt.PASS_THROUGH_BITS:
-        k1 = fmt.key_offset(numel, bits, group_size) + fmt.KEY_BYTES // 2
+        k1 = fmt.key_offset(math.prod(shape), bits, group_size) + fmt.KEY_BYTES // 2
         out[k1 : k1 + fmt.KEY_BYTES // 2].bitwise_xor_(REDRAW_SALT)
     return out
 
 
 @torch.library.register_fake("gact::redither")
-def _redither_fake(blob, numel, group_size, slot):
+def _redither_fake(blob, shape, group_size, slot):
     return blob.new_empty(blob.shape)
 
 

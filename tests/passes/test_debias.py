@@ -86,7 +86,7 @@ def test_redither_changes_only_the_kept_key_and_so_only_the_noise():
     site.dithered = True
     x = torch.randn(3000)
     blob = kernels.encode(x, 3, 256, key=noise.key_of(5, 6), dithered=True)
-    again = redither(blob, x.numel(), 256, site.slot)
+    again = redither(blob, [x.numel()], 256, site.slot)
     start = fmt.key_offset(x.numel(), 3, 256) + fmt.KEY_BYTES // 2
     changed = (again != blob).nonzero().flatten().tolist()
     assert changed == list(range(start, start + 4))
@@ -95,14 +95,14 @@ def test_redither_changes_only_the_kept_key_and_so_only_the_noise():
     step = (x.max() - x.min()) / 7  # the largest step any group can have
     assert 0 < (first - second).abs().max() <= step * 1.01  # other noise over the same codes
     plain_site = REGISTRY.new_site()
-    assert torch.equal(redither(blob, x.numel(), 256, plain_site.slot), blob)  # a site that does not dither
+    assert torch.equal(redither(blob, [x.numel()], 256, plain_site.slot), blob)  # a site that does not dither
 
 
 def test_redither_passes_opcheck():
     site = REGISTRY.new_site()
     site.dithered = True
     blob = kernels.encode(torch.randn(1000), 4, 256, key=noise.key_of(1, 2), dithered=True)
-    torch.library.opcheck(torch.ops.gact.redither.default, (blob, 1000, 256, site.slot))
+    torch.library.opcheck(torch.ops.gact.redither.default, (blob, [1000], 256, site.slot))
 
 
 def test_only_query_and_key_left_biased_are_warned_about(x, caplog):
