@@ -186,6 +186,23 @@ def halves_noise(g1, mixed_key, GROUP: tl.constexpr, CHUNKS: tl.constexpr, WIDE:
 
 
 @triton.jit
+def chunk_pair_products(groups, chunk, GROUP: tl.constexpr, WIDE: tl.constexpr):
+    """``pair * GOLDEN ^ high_word`` of the first of each chunk's eight pairs (feature-major
+    groups: ``groups`` down the rows, ``chunk`` along them), for ``chunk_pair_hash``."""
+    pair0 = groups * (GROUP // 2) + chunk * 8
+    if WIDE:
+        return (pair0 & 0xFFFFFFFF).to(tl.uint32) * GOLDEN ^ ((pair0 >> 32).to(tl.uint32) * M1)
+    return pair0.to(tl.uint32) * GOLDEN
+
+
+@triton.jit
+def chunk_pair_hash(product0, j, mixed_key):
+    """The hash of pair ``pair0 + j`` of a chunk: its eight pairs never cross a multiple of
+    2**32 (pair0 is one of 8), so only the low word's product moves."""
+    return hash_product(product0 + ((j * GOLDEN) & 0xFFFFFFFF), mixed_key)
+
+
+@triton.jit
 def kept_key(blob_ptr, num_groups, BITS: tl.constexpr, GROUP: tl.constexpr, WIDE: tl.constexpr):
     """``call_mix`` of the key a dithered blob keeps after its padded codes (``runtime.format``)."""
     if WIDE:

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from .triton_common import (
-    GOLDEN, M1, dithered, halves_hash, hash_product, kept_key, load_group_words, mul, one_plus_uniform,
+    chunk_pair_hash, chunk_pair_products, dithered, halves_hash, kept_key, load_group_words, mul, one_plus_uniform,
     program_features, program_groups, round_to, zero_tail,
 )
 
@@ -190,15 +190,11 @@ def decode_features_kernel(
     token = token_block * GROUP + chunk * 16
     if DITHER:  # as encode_features_kernel hashes a chunk's pairs
         mixed_key = kept_key(blob_ptr, num_groups, BITS, GROUP, WIDE)
-        pair0 = g1[:, None] * (GROUP // 2) + chunk * 8
-        if WIDE:
-            product0 = (pair0 & 0xFFFFFFFF).to(tl.uint32) * GOLDEN ^ ((pair0 >> 32).to(tl.uint32) * M1)
-        else:
-            product0 = pair0.to(tl.uint32) * GOLDEN
+        product0 = chunk_pair_products(g1[:, None], chunk, GROUP, WIDE)
     for j in tl.static_range(8):
         ca, cb = _chunk_code(packed_a, packed_b, high_a, high_b, j, BITS)
         if DITHER:
-            h = hash_product(product0 + ((j * GOLDEN) & 0xFFFFFFFF), mixed_key)
+            h = chunk_pair_hash(product0, j, mixed_key)
             va = mul(dithered(ca, one_plus_uniform(h, False)), scale) + group_min
             vb = mul(dithered(cb, one_plus_uniform(h, True)), scale) + group_min
         else:

@@ -25,9 +25,9 @@ import triton
 import triton.language as tl
 
 from .triton_common import (
-    BFLOAT16_LOWEST, GOLDEN, HALF_MAX, M1, advance_counter, bfloat16_ceil, bfloat16_floor, bfloat16_floor_finite,
-    call_key, call_mix, halves_noise, hash_product, max_nan, min_nan, mul, program_features, program_groups,
-    scale_factor, store_group_words, uniform, uniform_of, zero_tail,
+    BFLOAT16_LOWEST, HALF_MAX, advance_counter, bfloat16_ceil, bfloat16_floor, bfloat16_floor_finite, call_key,
+    call_mix, chunk_pair_hash, chunk_pair_products, halves_noise, max_nan, min_nan, mul, program_features,
+    program_groups, scale_factor, store_group_words, uniform, uniform_of, zero_tail,
 )
 
 SMALLEST_PLAIN_SCALE = tl.constexpr(2.0**-125)  # scale / 2 still normal: the rounding bounds hold
@@ -369,11 +369,7 @@ def encode_features_kernel(
         half_low = mul(low, 0.5)
         FP32: tl.constexpr = x_ptr.dtype.element_ty == tl.float32
         chunk = tl.arange(0, CHUNKS)[None, :]
-        pair0 = groups * (GROUP // 2) + chunk * 8
-        if WIDE:
-            product0 = (pair0 & 0xFFFFFFFF).to(tl.uint32) * GOLDEN ^ ((pair0 >> 32).to(tl.uint32) * M1)
-        else:
-            product0 = pair0.to(tl.uint32) * GOLDEN
+        product0 = chunk_pair_products(groups, chunk, GROUP, WIDE)
         # the chunk's packed codes (at 8 bits bytes 0-3), accumulated with + (the bits never
         # overlap, and a shift and an add are one instruction where a shift and an or are two)
         word_a = tl.zeros([BLOCK, CHUNKS], tl.int32)
@@ -383,8 +379,7 @@ def encode_features_kernel(
         codes_ptr = blob_ptr + 4 * num_groups + groups * (GROUP * BITS // 8)
         keep = live & (chunk < GROUP // 16)
         for j in tl.static_range(8):
-            # pair0 + j: its chunk's eight pairs never cross a multiple of 2**32 (pair0 is one of 8)
-            h = hash_product(product0 + ((j * GOLDEN) & 0xFFFFFFFF), mixed_key)
+            h = chunk_pair_hash(product0, j, mixed_key)
             xa = _feature_tokens(x_ptr, features, token_block, row_stride, j, GROUP, CHUNKS).to(tl.float32)
             xb = _feature_tokens(x_ptr, features, token_block, row_stride, j + 8, GROUP, CHUNKS).to(tl.float32)
             ca = (mul(_half_distance(xa, half_low, FP32), inverse) + uniform_of(h)).to(tl.int32)
