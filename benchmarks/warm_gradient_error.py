@@ -19,7 +19,8 @@ thread. Prints a Markdown table (and writes it to benchmarks/results/NAME.json w
     python benchmarks/warm_gradient_error.py --configs "uniform 2" --group-sizes 256 64
     python benchmarks/warm_gradient_error.py --configs "uniform 2" --rotations 0 32 128
 
-``--rotations`` runs each configuration also with ``rotation`` set to each block (0: none).
+``--rotations`` runs each configuration also with ``rotation`` set to each block (0: none);
+``--statistics exact rounded`` with norms' row statistics kept exact and rounded.
 """
 
 from __future__ import annotations
@@ -158,6 +159,9 @@ def main(argv=None) -> None:
                         help="each configuration at each of these group sizes (bytes held include the metadata)")
     parser.add_argument("--rotations", nargs="+", type=int, default=[0],
                         help="each configuration at each of these rotation blocks (0: none)")
+    parser.add_argument("--statistics", nargs="+", choices=["exact", "rounded"], default=["exact"],
+                        help="each configuration with norms' row statistics kept exact, or rounded like the rest "
+                             "(exact_statistics)")
     parser.add_argument("--batches", type=int, default=16,
                         help="the minibatch noise is the gradient's variance over this many batches")
     parser.add_argument("--name", help="also write the table to benchmarks/results/NAME.json (for BENCHMARKS.md)")
@@ -173,12 +177,15 @@ def main(argv=None) -> None:
              "tensor | variance added / minibatch's | largest over tensors | activations vs fp32 |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     print("\n".join(lines), flush=True)
-    runs = [(config, size, block) for config in args.configs for size in args.group_sizes for block in args.rotations]
-    for config, group_size, block in runs:
+    runs = [(config, size, block, statistics) for config in args.configs for size in args.group_sizes
+            for block in args.rotations for statistics in args.statistics]
+    for config, group_size, block, statistics in runs:
         name = config + ("" if len(args.group_sizes) == 1 else f", groups of {group_size}")
         name += f", rotation {block}" if block else ""
+        name += "" if args.statistics == ["exact"] else f", statistics {statistics}"
         print(f"  {name} ...", file=sys.stderr, flush=True)
-        options = CONFIGS[config] | {"group_size": group_size, "rotation": block}
+        options = CONFIGS[config] | {"group_size": group_size, "rotation": block,
+                                     "exact_statistics": statistics == "exact"}
         grads, report = draws(model, batch, task.loss, options, args.draws)
         single = sum(relative_error(g, exact) for g in grads) / len(grads)
         floor = single / len(grads) ** 0.5

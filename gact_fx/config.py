@@ -78,6 +78,15 @@ class CoreConfig:
     logsumexp, a log-softmax output), whose rounding noise would otherwise bias the
     gradient; 32 keeps them exact, 1 lifts the floor. Per-tensor ``overrides`` win."""
 
+    exact_statistics: bool = True
+    """Keep the row statistics a norm saves (LayerNorm's mean and reciprocal standard
+    deviation, RMSNorm's ``rsqrt``: the result of a reduction over at least 16 elements
+    each, and what is computed from it elementwise) in full precision
+    (``passes.statistics``). The backward reads them nonlinearly, and they hold a row's
+    length fewer elements than the activation they summarise. False rounds them like
+    any other tensor. The saved-tensor hooks of ``compress(..., fallback="hooks")`` see
+    no producers and round them."""
+
     overrides: tuple[tuple[str, int], ...] = ()
     """Per-tensor bits: ``{pattern: bits}`` (given as a dict), fnmatch patterns over tensor
     names such as ``"*LayerNorm*"``; the first match wins. Pinned tensors are outside
@@ -94,7 +103,7 @@ class CoreConfig:
     outputs pays ``(bits + 0.125) / 32`` of them extra."""
 
     def __post_init__(self) -> None:
-        for name in ("enabled", "feature_groups", "compress_inputs", "compress_outputs"):
+        for name in ("enabled", "feature_groups", "exact_statistics", "compress_inputs", "compress_outputs"):
             _check_type(name, getattr(self, name), bool)
         for name in ("bits", "group_size", "min_numel", "nonlinear_bits", "rotation"):
             _check_type(name, getattr(self, name), int)

@@ -74,6 +74,14 @@ METHODS = {
                                                         "gradient_metric": "relative", "rounding": "dithered"},
     "adaptive 2.5, feature groups, relative metric, dithered": {"avg_bits": 2.5, "feature_groups": True,
                                                                 "gradient_metric": "relative", "rounding": "dithered"},
+    # Runs before exact_statistics existed (results committed before 2026-11-27) rounded
+    # the norms' row statistics with everything else; these names say they kept them exact.
+    "3 bit, feature groups, dithered, exact statistics": {"bits": 3, "feature_groups": True, "rounding": "dithered",
+                                                          "exact_statistics": True},
+    "3 bit, feature groups, attention floor 4, dithered, debiased, exact statistics": {
+        "bits": 3, "nonlinear_bits": 4, "feature_groups": True, "rounding": "dithered", "debias_attention": True,
+        "exact_statistics": True},
+    "L1, feature groups, exact statistics": {"level": "L1", "feature_groups": True, "exact_statistics": True},
 }  # gact options by level, for benchmarks/convergence.py
 
 

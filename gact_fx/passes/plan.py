@@ -28,6 +28,7 @@ from ..runtime.format import PASS_THROUGH_BITS, RUNTIME_BITS
 from ..runtime.rotation import rotates
 from .names import unique_names
 from .saved import SavedGraph, SavedKind, SavedValue
+from .statistics import row_statistics
 from .uses import Use, UseClass
 from .views import AliasPath, foreign_inputs, is_symint_node
 
@@ -239,10 +240,12 @@ def _dtype_reason(val: torch.Tensor) -> str | None:
 
 
 class _Planner:
-    def __init__(self, options: PlanOptions, allocate_slot: Callable[[], int], uses: Mapping[int, UseClass]):
+    def __init__(self, options: PlanOptions, allocate_slot: Callable[[], int], uses: Mapping[int, UseClass],
+                 statistics: Mapping[fx.Node, str]):
         self.options = options
         self.allocate_slot = allocate_slot
         self.uses = uses
+        self.statistics = statistics  # forward nodes kept exact as row statistics -> their reduction
         self.compressions: list[Compression] = []
         self.skips: list[Skip] = []
 
@@ -333,6 +336,8 @@ class _Planner:
             numel = layout_of(val).numel
             if reason is None and numel < max(self.options.core.min_numel, 1):
                 reason = f"{numel} elements < min_numel={self.options.core.min_numel}"
+            if reason is None and source in self.statistics and val.dtype != torch.bool:
+                reason = f"row statistic of {self.statistics[source]}: kept exact (exact_statistics)"
             share = held if index == 0 else 0
             if reason is not None:
                 self.skip_group([v for v, _ in served], reason, share)
@@ -351,11 +356,14 @@ def plan_compression(
 
     ``allocate_slot`` numbers each compression (a backend's registry; a plain counter in
     tests). ``uses``: how the backward consumes the saved value at each position
-    (``passes.uses.classify_uses``; default: linearly). Each compression is labelled
+    (``passes.uses.classify_uses``; default: linearly). Row statistics stay exact
+    (``passes.statistics``, ``CoreConfig.exact_statistics``). Each compression is labelled
     with a unique name; ``assign_bits`` then sets per-tensor widths.
     """
-    planner = _Planner(options, allocate_slot, uses or {})
     compressible = [v for v in saved.values if v.kind in COMPRESSIBLE_KINDS]
+    statistics = (row_statistics(compressible[0].path.root.graph)
+                  if compressible and options.core.enabled and options.core.exact_statistics else {})
+    planner = _Planner(options, allocate_slot, uses or {}, statistics)
     copies_counted: set[fx.Node] = set()
     for value in saved.values:
         if value.kind not in COMPRESSIBLE_KINDS:
