@@ -160,6 +160,17 @@ TABLE_FILES = {
                                               "As above, `--task charlm-llama`. The residual above the averaging floor "
                                               "after debiasing is not all query and key's: 3 bits with them at 8 sit at "
                                               "1.15x too."),
+    "warm_gradient_error_statistics_llama.json": ("Gradient error: norms' row statistics exact or rounded, on the Llama",
+                                                  "`benchmarks/warm_gradient_error.py --task charlm-llama --draws 64 "
+                                                  "--statistics exact rounded`: each configuration with RMSNorm's "
+                                                  "`rsqrt` kept exact (`exact_statistics`, the default since "
+                                                  "2026-11-27) and rounded with the rest (what every earlier table "
+                                                  "did)."),
+    "warm_gradient_error_statistics_bert.json": ("Gradient error: norms' row statistics exact or rounded, on the masked LM",
+                                                 "As above, `--task charlm-bert`: LayerNorm's mean and reciprocal "
+                                                 "standard deviation."),
+    "warm_gradient_error_statistics_gpt.json": ("Gradient error: norms' row statistics exact or rounded, on the char GPT",
+                                                "As above, `--task charlm`."),
     "cpu_step_time_debiased.json": ("CPU step time with query and key at 4 bits, debiased",
                                     "`benchmarks/cpu_step_time.py --models char-gpt block --compilers inductor --bits 3 "
                                     "--dithered --debiased --name cpu_step_time_debiased`: `debias_attention` runs two "
