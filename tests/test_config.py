@@ -62,6 +62,7 @@ def test_levels_are_constructors():
         ({"gradient_metric": "adam"}, "gradient_metric must be one of"),
         ({"enabled": 1}, "enabled must be bool"),
         ({"feature_groups": "yes"}, "feature_groups must be bool"),
+        ({"exact_statistics": 0}, "exact_statistics must be bool"),
         ({"bitz": 4}, r"unknown gact option\(s\) \['bitz'\]; allowed options are"),
     ],
 )

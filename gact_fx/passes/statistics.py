@@ -4,8 +4,8 @@ from it elementwise.
 A norm saves its rows' statistics beside the activation: LayerNorm's mean and
 reciprocal standard deviation, RMSNorm's ``rsqrt(mean(x * x) + eps)``. The backward
 reads them nonlinearly (the reciprocal standard deviation cubed), so their rounding
-noise biases the gradient, and each summarises a whole row, so it holds a row's
-worth of the activation's bytes divided by the row's length. The plan keeps them exact
+noise biases the gradient; and being one number a row, they hold a row's length fewer
+elements than the activation. The plan keeps them exact
 (``CoreConfig.exact_statistics``). They are found by producer, not by shape: a
 one-feature activation has a statistic's shape and is not one.
 

@@ -5,6 +5,7 @@ import torch
 import torch.nn as nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
+import gact_fx
 from gact_fx.passes.statistics import row_statistics
 from tests.helpers import gact_draws, one_gact_step, relative_error, squared_loss_grad
 
@@ -69,8 +70,6 @@ def test_the_plan_keeps_statistics_exact():
 
 
 def test_the_report_counts_an_exact_statistic_at_its_full_bytes():
-    import gact_fx
-
     model, x = norm_model(), norm_input()
     backend = gact_fx.backend(compiler="eager", bits=4, min_numel=0)
     torch.compile(model, backend=backend, fullgraph=True)(x).pow(2).sum().backward()
