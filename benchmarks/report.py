@@ -171,6 +171,13 @@ TABLE_FILES = {
                                                  "standard deviation."),
     "warm_gradient_error_statistics_gpt.json": ("Gradient error: norms' row statistics exact or rounded, on the char GPT",
                                                 "As above, `--task charlm`."),
+    "warm_gradient_error_adaptive_debias_bert.json": ("Gradient error: adaptive 2.5 bits with query and key at 4, "
+                                                      "debiased, on the masked LM",
+                                                      "`benchmarks/warm_gradient_error.py --task charlm-bert --draws "
+                                                      "64`: adaptive 2.5 bits with feature groups, the relative metric "
+                                                      "and dithered rounding (each tensor probed once, then frozen), "
+                                                      "with query and key at 8 bits and at 4 with `debias_attention`; "
+                                                      "row statistics exact in both."),
     "cpu_step_time_debiased.json": ("CPU step time with query and key at 4 bits, debiased",
                                     "`benchmarks/cpu_step_time.py --models char-gpt block --compilers inductor --bits 3 "
                                     "--dithered --debiased --name cpu_step_time_debiased`: `debias_attention` runs two "

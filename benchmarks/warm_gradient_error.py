@@ -94,6 +94,9 @@ CONFIGS = {
     "adaptive 2.5, feature groups, relative metric, dithered": {"avg_bits": 2.5, "feature_groups": True,
                                                                 "gradient_metric": "relative", "rounding": "dithered",
                                                                 **_PROBE_ALL},
+    "adaptive 2.5, feature groups, relative metric, attention floor 4, dithered, debiased": {
+        "avg_bits": 2.5, "feature_groups": True, "gradient_metric": "relative", "nonlinear_bits": 4,
+        "rounding": "dithered", "debias_attention": True, **_PROBE_ALL},
 }
 
 

@@ -82,6 +82,9 @@ METHODS = {
         "bits": 3, "nonlinear_bits": 4, "feature_groups": True, "rounding": "dithered", "debias_attention": True,
         "exact_statistics": True},
     "L1, feature groups, exact statistics": {"level": "L1", "feature_groups": True, "exact_statistics": True},
+    "adaptive 2.5, feature groups, relative metric, attention floor 4, dithered, debiased": {
+        "avg_bits": 2.5, "feature_groups": True, "gradient_metric": "relative", "nonlinear_bits": 4,
+        "rounding": "dithered", "debias_attention": True},
 }  # gact options by level, for benchmarks/convergence.py
 
 
