@@ -62,6 +62,16 @@ class CoreConfig:
     (docs/accuracy.md says on which models it paid). Same bytes. Tensors whose innermost
     dimension it does not divide are stored unrotated. Needs ``lowering='op'``."""
 
+    nonlinear_rotation: int = 0
+    """0 (off), or a block as ``rotation`` takes: rotate only the tensors the backward
+    reads through an exponential (attention's query and key, ``passes.uses``) with a
+    random-sign Hadamard of that block along their innermost dimension (a head's) before
+    rounding, and back after decoding. Where a few of a head's dimensions carry its
+    range, the rounding step shrinks, and with it the noise in the logits
+    (docs/accuracy.md). Same bytes; tensors whose innermost dimension the block does not
+    divide stay unrotated; ``rotation``, where set, applies instead. Needs
+    ``lowering='op'``."""
+
     rounding: str = "stochastic"
     """How a float value becomes a code and comes back, unbiased either way:
     ``"stochastic"`` rounds up or down at random; ``"dithered"`` (subtractive dither) keeps
@@ -105,9 +115,10 @@ class CoreConfig:
     def __post_init__(self) -> None:
         for name in ("enabled", "feature_groups", "exact_statistics", "compress_inputs", "compress_outputs"):
             _check_type(name, getattr(self, name), bool)
-        for name in ("bits", "group_size", "min_numel", "nonlinear_bits", "rotation"):
+        for name in ("bits", "group_size", "min_numel", "nonlinear_bits", "rotation", "nonlinear_rotation"):
             _check_type(name, getattr(self, name), int)
         check_rotation_block(self.rotation)
+        check_rotation_block(self.nonlinear_rotation, "nonlinear_rotation")
         if self.rounding not in ROUNDINGS:
             raise ValueError(f"rounding must be one of {ROUNDINGS}, got {self.rounding!r}")
         fmt.check_bits(self.bits)
@@ -272,9 +283,10 @@ class GactConfig:
         if traced and self.adaptive.avg_bits is not None:
             raise ValueError(f"lowering={self.compile.lowering!r} needs bits fixed at compile time; adaptive bits "
                              "(avg_bits) use lowering='op'")
-        if traced and self.core.rotation:
-            raise ValueError(f"lowering={self.compile.lowering!r} writes plain blobs in traced code; rotation needs "
-                             "lowering='op' or 'auto'")
+        for name in ("rotation", "nonlinear_rotation"):
+            if traced and getattr(self.core, name):
+                raise ValueError(f"lowering={self.compile.lowering!r} writes plain blobs in traced code; {name} needs "
+                                 "lowering='op' or 'auto'")
         if traced and self.core.rounding != "stochastic":
             raise ValueError(f"lowering={self.compile.lowering!r} writes plain blobs in traced code; "
                              f"rounding={self.core.rounding!r} needs lowering='op' or 'auto'")

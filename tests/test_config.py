@@ -63,6 +63,8 @@ def test_levels_are_constructors():
         ({"enabled": 1}, "enabled must be bool"),
         ({"feature_groups": "yes"}, "feature_groups must be bool"),
         ({"exact_statistics": 0}, "exact_statistics must be bool"),
+        ({"nonlinear_rotation": 24}, "nonlinear_rotation must be 0 \\(off\\) or one of"),
+        ({"nonlinear_rotation": 32, "lowering": "aten"}, "nonlinear_rotation needs lowering='op'"),
         ({"bitz": 4}, r"unknown gact option\(s\) \['bitz'\]; allowed options are"),
     ],
 )

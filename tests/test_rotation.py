@@ -6,7 +6,9 @@ import torch
 import gact_fx
 from gact_fx.runtime import rotation
 
-from .helpers import baseline_backend, compiled_grads, model_case, relative_error
+from .helpers import baseline_backend, compiled_grads, model_case, one_gact_step, relative_error, squared_loss_grad
+from .passes.test_attention import Attention
+from .passes.test_debias import mean_over_floor
 
 
 @pytest.mark.parametrize("block", rotation.BLOCKS)
@@ -72,3 +74,46 @@ def test_adaptive_bits_probe_rotated_tensors():
     assert all(d.isfinite().all() for d in draws)
     sensitivities = [t.sensitivity for t in backend.controller.regions[0].tensors]
     assert sensitivities and all(s is not None and s >= 0 for s in sensitivities)
+
+
+def outlier_attention():
+    """Sharp causal attention whose query and key carry one outlier dimension a head."""
+    torch.manual_seed(0)
+    model = Attention(sharpness=2.0)
+    with torch.no_grad():
+        for head in range(model.heads):
+            model.qkv.weight[head * 16 + 3] *= 6  # the query's
+            model.qkv.weight[32 + head * 16 + 3] *= 6  # the key's
+    return model, torch.randn(8, 64, 32, generator=torch.Generator().manual_seed(0))
+
+
+def test_nonlinear_rotation_rotates_only_query_and_key():
+    model, x = outlier_attention()
+    compressions, _ = one_gact_step(model, x, bits=4, nonlinear_bits=4, nonlinear_rotation=16)
+    assert {(c.use, c.rotation) for c in compressions} == {("exponential", 16), ("linear", 0)}
+    assert [c.use for c in compressions].count("exponential") == 2
+
+
+@pytest.mark.parametrize("rounding", ["stochastic", "dithered"])
+def test_nonlinear_rotation_shrinks_the_noise_of_query_and_key_with_outliers(rounding):
+    model, x = outlier_attention()
+    options = {"bits": 4, "nonlinear_bits": 4, "rounding": rounding, "debias_attention": rounding == "dithered"}
+    plain_error, plain_bias = mean_over_floor(model, x, 32, **options)
+    rotated_error, rotated_bias = mean_over_floor(model, x, 32, nonlinear_rotation=16, **options)
+    # measured: one draw 0.171 -> 0.096 stochastic, 0.157 -> 0.071 debiased; the mean
+    # over the floor 2.88 -> 1.56 and 1.62 -> 0.97
+    assert rotated_error < 0.7 * plain_error
+    assert rotated_bias < plain_bias
+    if rounding == "dithered":
+        assert rotated_bias < 1.3
+
+
+def test_nonlinear_rotation_keeps_8_bits_close_and_32_bits_exact():
+    model, x = outlier_attention()
+    exact = squared_loss_grad(model, x)
+    _, grad = one_gact_step(model, x, bits=8, nonlinear_rotation=16)
+    assert relative_error(grad, exact) < 2e-2
+    compressions, grad = one_gact_step(model, x, bits=32, nonlinear_rotation=16)
+    assert all(c.rotation == 0 for c in compressions)
+    _, baseline = one_gact_step(model, x, enabled=False)
+    assert torch.equal(grad, baseline)

@@ -286,11 +286,21 @@ class _Planner:
                 use=use,
                 floor=floor,
                 carried_numel=sum(gact_meta(value.node).get(CARRIES, 0) for value, _ in members),
-                rotation=self.options.core.rotation if rotates([hint(s) for s in val.shape], val.dtype, bits,
-                                                               self.options.core.rotation) else 0,
+                rotation=self._rotation(val, bits, use),
                 dithered=dithered,
             )
         )
+
+    def _rotation(self, val: torch.Tensor, bits: int, use: UseClass) -> int:
+        """The Hadamard block to rotate ``val`` by (0: none): ``rotation`` for every tensor,
+        else ``nonlinear_rotation`` for those read through an exponential."""
+        shape = [hint(s) for s in val.shape]
+        core = self.options.core
+        if rotates(shape, val.dtype, bits, core.rotation):
+            return core.rotation
+        if use.use is Use.EXPONENTIAL and rotates(shape, val.dtype, bits, core.nonlinear_rotation):
+            return core.nonlinear_rotation
+        return 0
 
     def _channels_last(self, source: fx.Node, layout: Layout, members) -> bool:
         """Whether to take ``source`` as channels-last: a 4-D float tensor the compiler lays out

@@ -22,9 +22,9 @@ BLOCKS = (16, 32, 64, 128, 256)
 _SIGN_SEED = 0x5EED_4AD
 
 
-def check_block(block: int) -> None:
+def check_block(block: int, name: str = "rotation") -> None:
     if block != 0 and block not in BLOCKS:
-        raise ValueError(f"rotation must be 0 (off) or one of {BLOCKS}, got {block!r}")
+        raise ValueError(f"{name} must be 0 (off) or one of {BLOCKS}, got {block!r}")
 
 
 def rotates(shape, dtype: torch.dtype, bits: int, block: int) -> bool:
