@@ -178,6 +178,18 @@ TABLE_FILES = {
                                                       "and dithered rounding (each tensor probed once, then frozen), "
                                                       "with query and key at 8 bits and at 4 with `debias_attention`; "
                                                       "row statistics exact in both."),
+    "warm_gradient_error_qk_rotation_bert.json": ("Gradient error: query and key rotated (`nonlinear_rotation=32`), "
+                                                  "on the masked LM",
+                                                  "`benchmarks/warm_gradient_error.py --task charlm-bert --draws 64`: 3 "
+                                                  "bits with feature groups, dithered, query and key at 4 bits rotated "
+                                                  "by a random-sign Hadamard over a head's 32 dimensions before "
+                                                  "rounding, with and without `debias_attention`; row statistics "
+                                                  "exact. Without the rotation: \"Gradient error: norms' row "
+                                                  "statistics exact or rounded\"."),
+    "warm_gradient_error_qk_rotation_llama.json": ("Gradient error: query and key rotated (`nonlinear_rotation=32`), "
+                                                   "on the Llama", "As above, `--task charlm-llama`."),
+    "warm_gradient_error_qk_rotation_gpt.json": ("Gradient error: query and key rotated (`nonlinear_rotation=32`), "
+                                                 "on the char GPT", "As above, `--task charlm`."),
     "cpu_step_time_debiased.json": ("CPU step time with query and key at 4 bits, debiased",
                                     "`benchmarks/cpu_step_time.py --models char-gpt block --compilers inductor --bits 3 "
                                     "--dithered --debiased --name cpu_step_time_debiased`: `debias_attention` runs two "

@@ -94,6 +94,8 @@ CONFIGS = {
     "adaptive 2.5, feature groups, relative metric, dithered": {"avg_bits": 2.5, "feature_groups": True,
                                                                 "gradient_metric": "relative", "rounding": "dithered",
                                                                 **_PROBE_ALL},
+    "uniform 3, feature groups, attention floor 4, dithered, q/k rotation 32": {
+        "bits": 3, "nonlinear_bits": 4, "nonlinear_rotation": 32, "feature_groups": True, "rounding": "dithered"},
     "uniform 3, feature groups, attention floor 4, dithered, debiased, q/k rotation 32": {
         "bits": 3, "nonlinear_bits": 4, "nonlinear_rotation": 32, "feature_groups": True, "rounding": "dithered",
         "debias_attention": True},

@@ -85,6 +85,8 @@ METHODS = {
     "adaptive 2.5, feature groups, relative metric, attention floor 4, dithered, debiased": {
         "avg_bits": 2.5, "feature_groups": True, "gradient_metric": "relative", "nonlinear_bits": 4,
         "rounding": "dithered", "debias_attention": True},
+    "3 bit, feature groups, attention floor 4, dithered, q/k rotation 32": {
+        "bits": 3, "nonlinear_bits": 4, "nonlinear_rotation": 32, "feature_groups": True, "rounding": "dithered"},
     "3 bit, feature groups, attention floor 4, dithered, debiased, q/k rotation 32": {
         "bits": 3, "nonlinear_bits": 4, "nonlinear_rotation": 32, "feature_groups": True, "rounding": "dithered",
         "debias_attention": True},
