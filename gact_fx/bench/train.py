@@ -75,7 +75,8 @@ METHODS = {
     "adaptive 2.5, feature groups, relative metric, dithered": {"avg_bits": 2.5, "feature_groups": True,
                                                                 "gradient_metric": "relative", "rounding": "dithered"},
     # Runs before exact_statistics existed (results committed before 2026-11-27) rounded
-    # the norms' row statistics with everything else; these names say they kept them exact.
+    # the norms' row statistics with everything else; every run since keeps them exact.
+    # The names ending in "exact statistics" repeat an earlier method, to tell the two apart.
     "3 bit, feature groups, dithered, exact statistics": {"bits": 3, "feature_groups": True, "rounding": "dithered",
                                                           "exact_statistics": True},
     "3 bit, feature groups, attention floor 4, dithered, debiased, exact statistics": {
