@@ -26,6 +26,7 @@ import functools
 import importlib
 import importlib.util
 import json
+import logging
 import os
 import pathlib
 import re
@@ -36,6 +37,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 from .launches import Launch
+
+log = logging.getLogger(__name__)
 
 ARCHES = (80, 90)  # the data-centre GPUs users train on: A100 (sm_80) and H100/H200 (sm_90)
 _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
@@ -189,16 +192,26 @@ def _inductor_module(kernel: str) -> str:
 def inductors_copy(launch: Launch) -> Launch:
     """The launch as Inductor makes it where ``lowering="triton"`` traced it: of the copy of
     the kernel's source Inductor writes into its own module (the kernel and what it calls),
-    with Triton's default multiply-add fusion."""
+    with Triton's default multiply-add fusion, and each Python float argument typed fp64, as
+    Inductor types it on CUDA."""
     name = launch.kernel.rpartition(".")[2]
-    return dataclasses.replace(launch, kernel=f"{_inductor_module(launch.kernel)}.{name}", fp_fusion=True)
+    signature = tuple((argument, "fp64" if kind == "fp32" else kind) for argument, kind in launch.signature)
+    return dataclasses.replace(launch, kernel=f"{_inductor_module(launch.kernel)}.{name}", signature=signature,
+                               fp_fusion=True)
 
 
 def same_as_inductors_launch(launch: Launch, arch: int) -> bool | None:
     """Whether Inductor's launch of the kernel (``inductors_copy``) compiles to gact's own
-    launch's machine code, so writes the same blob (None without cuobjdump)."""
+    launch's machine code, so writes the same blob (None without cuobjdump; False, logged,
+    where Inductor's launch does not compile)."""
     code = machine_code(launch, arch)
-    return None if code is None else code == machine_code(inductors_copy(launch), arch)
+    if code is None:
+        return None
+    try:
+        return code == machine_code(inductors_copy(launch), arch)
+    except Exception as error:  # Triton's own error types vary between releases
+        log.warning("Inductor's launch of %s does not compile: %s", launch.describe(), str(error).strip()[-500:])
+        return False
 
 
 def independent_of_fusion(launch: Launch, arch: int) -> bool | None:

@@ -52,7 +52,8 @@ class Launch:
 
     def describe(self) -> str:
         """A short name: the kernel and its constants."""
-        constants = ", ".join(f"{name}={value}" for name, value in self.constants if name.isupper())
+        constants = ", ".join(f"{name}={value}" for name, value in self.constants  # (a dtype's limit: its pointers say)
+                              if name.isupper() and not isinstance(value, float))
         types = ",".join(kind for _, kind in self.signature if kind.startswith("*"))
         return f"{self.kernel.rpartition('.')[2]}[{constants}; {types}; warps={self.num_warps}]"
 

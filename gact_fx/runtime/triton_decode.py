@@ -80,7 +80,7 @@ def _load_codes(codes_ptr, chunk, j, live, BITS: tl.constexpr, GROUP: tl.constex
 
 @triton.jit
 def decode_chunked_kernel(
-    blob_ptr, out_ptr, numel, num_groups, dtype_max,
+    blob_ptr, out_ptr, numel, num_groups, DTYPE_MAX: tl.constexpr,
     BITS: tl.constexpr, GROUP: tl.constexpr, CHUNKS: tl.constexpr, BLOCK: tl.constexpr,
     PARTIAL: tl.constexpr, WIDE: tl.constexpr, DITHER: tl.constexpr,
 ):
@@ -104,7 +104,7 @@ def decode_chunked_kernel(
         va = mul(ca.to(tl.float32), scale) + group_min  # (a NaN word, a poisoned group, decodes to NaN)
         vb = mul(cb.to(tl.float32), scale) + group_min
     if tl.min(half_bits) < 0:  # a group with special values: code LEVELS is its special value
-        va, vb = _with_special_values(va, vb, ca, cb, half_bits, dtype_max, LEVELS)
+        va, vb = _with_special_values(va, vb, ca, cb, half_bits, DTYPE_MAX, LEVELS)
     first = g1[:, None, None] * GROUP + chunk[:, :, None] * 16 + j
     keep = live[:, :, None]
     dtype = out_ptr.dtype.element_ty
@@ -138,7 +138,7 @@ def _chunk_code(packed_a, packed_b, high_a, high_b, j, BITS: tl.constexpr):
 
 @triton.jit
 def decode_features_kernel(
-    blob_ptr, out_ptr, num_groups, dtype_max, token_blocks, row_stride,
+    blob_ptr, out_ptr, num_groups, token_blocks, row_stride, DTYPE_MAX: tl.constexpr,
     BITS: tl.constexpr, GROUP: tl.constexpr, CHUNKS: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr,
     DITHER: tl.constexpr,
 ):
@@ -201,7 +201,7 @@ def decode_features_kernel(
             va = mul(ca.to(tl.float32), scale) + group_min
             vb = mul(cb.to(tl.float32), scale) + group_min
         if any_special:
-            va, vb = _with_special_values(va, vb, ca, cb, half_bits, dtype_max, LEVELS)
+            va, vb = _with_special_values(va, vb, ca, cb, half_bits, DTYPE_MAX, LEVELS)
         tl.store(out_ptr + (token + j) * row_stride + features, round_to(va, dtype), mask=live)
         tl.store(out_ptr + (token + 8 + j) * row_stride + features, round_to(vb, dtype), mask=live)
 

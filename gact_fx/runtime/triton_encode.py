@@ -284,7 +284,7 @@ def _half_distance(x, half_low, FP32: tl.constexpr):
 
 @triton.jit
 def encode_chunked_kernel(
-    x_ptr, blob_ptr, numel, num_groups, nbytes, key_ptr, dtype_max,
+    x_ptr, blob_ptr, numel, num_groups, nbytes, key_ptr, DTYPE_MAX: tl.constexpr,
     FROM_STATE: tl.constexpr, ADVANCE: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr,
     CHUNKS: tl.constexpr, BLOCK: tl.constexpr, PARTIAL: tl.constexpr, WIDE: tl.constexpr,
     GENERAL_ROWS: tl.constexpr, INTERPRETED: tl.constexpr, GENERAL: tl.constexpr = True,
@@ -301,7 +301,7 @@ def encode_chunked_kernel(
     xb = xb.to(tl.float32)
     low = reduce_min_nan(xa, xb, INTERPRETED)
     high = reduce_max_nan(xa, xb, INTERPRETED)
-    low, half, half_scale, plain = _scale_and_plain(low, high, dtype_max, LEVELS, x_ptr.dtype.element_ty == tl.float32)
+    low, half, half_scale, plain = _scale_and_plain(low, high, DTYPE_MAX, LEVELS, x_ptr.dtype.element_ty == tl.float32)
     if (not GENERAL) or tl.min(tl.where(live, plain, True).to(tl.int32)) == 1:
         _store_words(blob_ptr, g1, num_groups, half, low, BLOCK, False)  # first: fewer registers live below
         ua, ub = halves_noise(g1, mixed_key, GROUP, CHUNKS, WIDE)
@@ -319,7 +319,7 @@ def encode_chunked_kernel(
         for part in range(BLOCK // GENERAL_ROWS):
             rows = program_groups(part * GENERAL_ROWS, GENERAL_ROWS, BLOCK, WIDE)
             ya, yb, _ = _load_halves(x_ptr, rows, numel, num_groups, GROUP, CHUNKS, PARTIAL)
-            _encode_general(blob_ptr, rows, num_groups, ya, yb, mixed_key, dtype_max, LEVELS, BITS, GROUP, CHUNKS,
+            _encode_general(blob_ptr, rows, num_groups, ya, yb, mixed_key, DTYPE_MAX, LEVELS, BITS, GROUP, CHUNKS,
                             GENERAL_ROWS, WIDE)
     zero_tail(blob_ptr, 4 * num_groups + num_groups * (GROUP * BITS // 8), nbytes)
     advance_counter(key_ptr, count, ADVANCE)
@@ -336,7 +336,7 @@ def _feature_tokens(x_ptr, features, token_block, row_stride, offset, GROUP: tl.
 
 @triton.jit
 def encode_features_kernel(
-    x_ptr, blob_ptr, numel, num_groups, nbytes, key_ptr, dtype_max, token_blocks, row_stride,
+    x_ptr, blob_ptr, numel, num_groups, nbytes, key_ptr, token_blocks, row_stride, DTYPE_MAX: tl.constexpr,
     FROM_STATE: tl.constexpr, ADVANCE: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr,
     CHUNKS: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr, GENERAL_ROWS: tl.constexpr,
     INTERPRETED: tl.constexpr, GENERAL: tl.constexpr = True,
@@ -363,7 +363,7 @@ def encode_features_kernel(
         high = max_nan(high, x)
     low = nan_min(low, 1, INTERPRETED)
     high = nan_max(high, 1, INTERPRETED)
-    low, half, half_scale, plain = _scale_and_plain(low, high, dtype_max, LEVELS, x_ptr.dtype.element_ty == tl.float32)
+    low, half, half_scale, plain = _scale_and_plain(low, high, DTYPE_MAX, LEVELS, x_ptr.dtype.element_ty == tl.float32)
     if (not GENERAL) or tl.min(tl.where(live, plain, True).to(tl.int32)) == 1:
         inverse = tl.math.div_rn(1.0, half_scale)
         half_low = mul(low, 0.5)
@@ -423,7 +423,7 @@ def encode_features_kernel(
         for part in range(BLOCK // GENERAL_ROWS):
             rows, row_features, _ = program_features(part * GENERAL_ROWS, GENERAL_ROWS, BLOCK, token_blocks, WIDE)
             ya, yb, _ = _load_halves_features(x_ptr, row_features, token_block, row_stride, GROUP, CHUNKS)
-            _encode_general(blob_ptr, rows, num_groups, ya, yb, mixed_key, dtype_max, LEVELS, BITS, GROUP, CHUNKS,
+            _encode_general(blob_ptr, rows, num_groups, ya, yb, mixed_key, DTYPE_MAX, LEVELS, BITS, GROUP, CHUNKS,
                             GENERAL_ROWS, WIDE)
     zero_tail(blob_ptr, 4 * num_groups + num_groups * (GROUP * BITS // 8), nbytes)
     advance_counter(key_ptr, count, ADVANCE)

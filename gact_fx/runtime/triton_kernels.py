@@ -57,6 +57,8 @@ def _capped_power_of_2(n: int, cap: int) -> int:
     return min(cap, _next_power_of_2(n)) if isinstance(n, int) else cap
 
 
+# The dtype's largest finite value is a constant of each launch, not an argument: Inductor
+# types a Python float argument fp64, which the kernels' fp32 arithmetic does not take.
 _DTYPE_MAX = {dtype: float(torch.finfo(dtype).max) for dtype in (torch.float32, torch.bfloat16, torch.float16)}
 
 
@@ -187,8 +189,9 @@ def quantize(flat: torch.Tensor, bits: int, group_size: int, *, state=None, key=
         nbytes = _store_key_first(blob, numel, bits, group_size, source, from_state, dithered)
         launch(encode_chunked_kernel, _grid(groups, shape.rows),
                {"x_ptr": flat, "blob_ptr": blob, "numel": numel, "num_groups": groups, "nbytes": nbytes,
-                "key_ptr": source, "dtype_max": _dtype_max(flat.dtype)},
-               {"FROM_STATE": from_state, "ADVANCE": from_state and count, "BITS": bits, "GROUP": group_size,
+                "key_ptr": source},
+               {"DTYPE_MAX": _dtype_max(flat.dtype),
+                "FROM_STATE": from_state, "ADVANCE": from_state and count, "BITS": bits, "GROUP": group_size,
                 "CHUNKS": shape.chunks, "BLOCK": shape.rows, "PARTIAL": bool(numel % group_size != 0),
                 "WIDE": bool(numel >= _INT32_LIMIT), "GENERAL_ROWS": shape.general_rows,
                 "INTERPRETED": interpreted(), "GENERAL": True},
@@ -218,9 +221,9 @@ def quantize_transposed(matrix: torch.Tensor, bits: int, group_size: int, *, sta
         nbytes = _store_key_first(blob, numel, bits, group_size, source, from_state, dithered)
         launch(encode_features_kernel, (token_blocks * _cdiv(features, shape.rows),),
                {"x_ptr": matrix, "blob_ptr": blob, "numel": numel, "num_groups": token_blocks * features,
-                "nbytes": nbytes, "key_ptr": source, "dtype_max": _dtype_max(matrix.dtype),
-                "token_blocks": token_blocks, "row_stride": features},
-               {"FROM_STATE": from_state, "ADVANCE": from_state and count, "BITS": bits, "GROUP": group_size,
+                "nbytes": nbytes, "key_ptr": source, "token_blocks": token_blocks, "row_stride": features},
+               {"DTYPE_MAX": _dtype_max(matrix.dtype),
+                "FROM_STATE": from_state, "ADVANCE": from_state and count, "BITS": bits, "GROUP": group_size,
                 "CHUNKS": shape.chunks, "BLOCK": shape.rows, "WIDE": bool(numel >= _INT32_LIMIT),
                 "GENERAL_ROWS": shape.general_rows, "INTERPRETED": interpreted(), "GENERAL": True},
                num_warps=shape.warps)
@@ -237,9 +240,9 @@ def dequantize(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: i
     shape = block_shape(group_size, groups, out.element_size(), bits, decoding=True)
     with _on_device(blob):
         launch(decode_chunked_kernel, _grid(groups, shape.rows),
-               {"blob_ptr": blob, "out_ptr": out, "numel": numel, "num_groups": groups,
-                "dtype_max": _dtype_max(dtype)},
-               {"BITS": bits, "GROUP": group_size, "CHUNKS": shape.chunks, "BLOCK": shape.rows,
+               {"blob_ptr": blob, "out_ptr": out, "numel": numel, "num_groups": groups},
+               {"DTYPE_MAX": _dtype_max(dtype), "BITS": bits,
+                "GROUP": group_size, "CHUNKS": shape.chunks, "BLOCK": shape.rows,
                 "PARTIAL": bool(numel % group_size != 0), "WIDE": bool(numel >= _INT32_LIMIT), "DITHER": dithered},
                num_warps=shape.warps)
     return out
@@ -255,8 +258,9 @@ def dequantize_transposed(blob: torch.Tensor, tokens: int, features: int, dtype:
     with _on_device(blob):
         launch(decode_features_kernel, (token_blocks * _cdiv(features, shape.rows),),
                {"blob_ptr": blob, "out_ptr": out, "num_groups": token_blocks * features,
-                "dtype_max": _dtype_max(dtype), "token_blocks": token_blocks, "row_stride": features},
-               {"BITS": bits, "GROUP": group_size, "CHUNKS": shape.chunks, "BLOCK": shape.rows,
+                "token_blocks": token_blocks, "row_stride": features},
+               {"DTYPE_MAX": _dtype_max(dtype), "BITS": bits,
+                "GROUP": group_size, "CHUNKS": shape.chunks, "BLOCK": shape.rows,
                 "WIDE": bool(tokens * features >= _INT32_LIMIT), "DITHER": dithered},
                num_warps=shape.warps)
     return out
