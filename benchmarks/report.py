@@ -24,6 +24,11 @@ TABLE_FILES = {
                               "`benchmarks/results/gpu_step_profile/`."),
     "gpu_suite_first.json": ("GPU suite: the first run", "`gact-fx bench --gpu-suite` on the first lent H100, "
                              "commit f6bae9e."),
+    "gpu_suite_second.json": ("GPU suite: the second run", "`gact-fx bench --gpu-suite` on the second lent H100, "
+                              "commit 3868241."),
+    "gpu_step_profile_first.json": ("GPU step profile: the first run",
+                                    "`benchmarks/gpu_step_profile.py` after the GPU suite's second run; the "
+                                    "profiler's tables are in `benchmarks/results/gpu_step_profile_first/`."),
     "gradient_variance.json": ("Gradient variance: uniform against adaptive bits",
                                "Relative variance E||g - g_exact||^2 / ||g_exact||^2 over rounding seeds."),
     "adaptive_overhead.json": ("Cost of adaptive bits", "A probe step against a normal step, amortised over the interval."),
