@@ -195,6 +195,16 @@ TABLE_FILES = {
                                                    "on the Llama", "As above, `--task charlm-llama`."),
     "warm_gradient_error_qk_rotation_gpt.json": ("Gradient error: query and key rotated (`nonlinear_rotation=32`), "
                                                  "on the char GPT", "As above, `--task charlm`."),
+    "warm_gradient_error_adaptive_rotated_llama.json": (
+        "Gradient error: adaptive bits with query and key at 4 bits, rotated and debiased, on the Llama",
+        "`benchmarks/warm_gradient_error.py --task charlm-llama --draws 64`: the adaptive solver (relative metric, "
+        "every tensor probed once) at 2.25, 2.5 and 2.75 bits on average, feature groups, dithered, query and key "
+        "floored at 4 bits, rotated (`nonlinear_rotation=32`) and debiased. The budget counts the elements the "
+        "backward rebuilds (`passes.affine`), so an average of 2.75 holds fewer bytes than uniform 3 bits (11.3x "
+        "with the same options, one draw's error 0.200)."),
+    "warm_gradient_error_adaptive_rotated_gpt.json": (
+        "Gradient error: adaptive bits with query and key at 4 bits, rotated and debiased, on the char GPT",
+        "As above, `--task charlm` (uniform 3 bits with the same options: 11.2x, one draw's error 0.165)."),
     "cpu_step_time_debiased.json": ("CPU step time with query and key at 4 bits, debiased",
                                     "`benchmarks/cpu_step_time.py --models char-gpt block --compilers inductor --bits 3 "
                                     "--dithered --debiased --name cpu_step_time_debiased`: `debias_attention` runs two "

@@ -102,6 +102,15 @@ CONFIGS = {
     "adaptive 2.5, feature groups, relative metric, attention floor 4, dithered, debiased": {
         "avg_bits": 2.5, "feature_groups": True, "gradient_metric": "relative", "nonlinear_bits": 4,
         "rounding": "dithered", "debias_attention": True, **_PROBE_ALL},
+    "adaptive 2.25, feature groups, relative metric, attention floor 4, dithered, debiased, q/k rotation 32": {
+        "avg_bits": 2.25, "feature_groups": True, "gradient_metric": "relative", "nonlinear_bits": 4,
+        "nonlinear_rotation": 32, "rounding": "dithered", "debias_attention": True, **_PROBE_ALL},
+    "adaptive 2.5, feature groups, relative metric, attention floor 4, dithered, debiased, q/k rotation 32": {
+        "avg_bits": 2.5, "feature_groups": True, "gradient_metric": "relative", "nonlinear_bits": 4,
+        "nonlinear_rotation": 32, "rounding": "dithered", "debias_attention": True, **_PROBE_ALL},
+    "adaptive 2.75, feature groups, relative metric, attention floor 4, dithered, debiased, q/k rotation 32": {
+        "avg_bits": 2.75, "feature_groups": True, "gradient_metric": "relative", "nonlinear_bits": 4,
+        "nonlinear_rotation": 32, "rounding": "dithered", "debias_attention": True, **_PROBE_ALL},
 }
 
 

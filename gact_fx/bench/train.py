@@ -91,6 +91,15 @@ METHODS = {
     "3 bit, feature groups, attention floor 4, dithered, debiased, q/k rotation 32": {
         "bits": 3, "nonlinear_bits": 4, "nonlinear_rotation": 32, "feature_groups": True, "rounding": "dithered",
         "debias_attention": True},
+    "adaptive 2.25, feature groups, relative metric, attention floor 4, dithered, debiased, q/k rotation 32": {
+        "avg_bits": 2.25, "feature_groups": True, "gradient_metric": "relative", "nonlinear_bits": 4,
+        "nonlinear_rotation": 32, "rounding": "dithered", "debias_attention": True},
+    "adaptive 2.5, feature groups, relative metric, attention floor 4, dithered, debiased, q/k rotation 32": {
+        "avg_bits": 2.5, "feature_groups": True, "gradient_metric": "relative", "nonlinear_bits": 4,
+        "nonlinear_rotation": 32, "rounding": "dithered", "debias_attention": True},
+    "adaptive 2.75, feature groups, relative metric, attention floor 4, dithered, debiased, q/k rotation 32": {
+        "avg_bits": 2.75, "feature_groups": True, "gradient_metric": "relative", "nonlinear_bits": 4,
+        "nonlinear_rotation": 32, "rounding": "dithered", "debias_attention": True},
 }  # gact options by level, for benchmarks/convergence.py
 
 
