@@ -13,7 +13,8 @@ Each is a ``torch.compile`` backend plus the config patches it needs, all scoped
 
 ``GPU_METHODS`` adds, for the GPU suite, gact at 2 bits with ``lowering="triton"`` (its
 kernels launched by Inductor), torch.compile and gact at 2 bits under CUDA graphs
-(``mode="reduce-overhead"``: replays that launch a step's kernels without its Python), and
+(``mode="reduce-overhead"``: replays that launch a step's kernels without its Python), the
+two together, and
 gact at 3 bits with ``rounding="dithered"``, also with query and key at 4 bits and
 ``debias_attention``.
 
@@ -90,6 +91,8 @@ GPU_METHODS: dict[str, Method] = {
         Method("torch.compile, CUDA graphs", mode="reduce-overhead", baseline="torch.compile, CUDA graphs"),
         Method("gact 2 bit, CUDA graphs", gact={"bits": 2}, bits=2, mode="reduce-overhead",
                baseline="torch.compile, CUDA graphs"),
+        Method("gact 2 bit, Triton lowering, CUDA graphs", gact={"bits": 2, "lowering": "triton"}, bits=2,
+               mode="reduce-overhead", baseline="torch.compile, CUDA graphs"),
         Method("gact 3 bit, dithered", gact={"bits": 3, "rounding": "dithered"}, bits=3),
         Method("gact 3 bit, dithered, q/k 4 debiased", gact={"bits": 3, "rounding": "dithered", "nonlinear_bits": 4,
                                                              "debias_attention": True}, bits=3),
