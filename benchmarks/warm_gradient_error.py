@@ -33,6 +33,7 @@ import torch
 
 import gact_fx
 from gact_fx.bench.tasks import TASKS
+from gact_fx.bench.train import ADAPTIVE_ROTATED
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from benchmarks._results import save_table  # noqa: E402
@@ -102,15 +103,7 @@ CONFIGS = {
     "adaptive 2.5, feature groups, relative metric, attention floor 4, dithered, debiased": {
         "avg_bits": 2.5, "feature_groups": True, "gradient_metric": "relative", "nonlinear_bits": 4,
         "rounding": "dithered", "debias_attention": True, **_PROBE_ALL},
-    "adaptive 2.25, feature groups, relative metric, attention floor 4, dithered, debiased, q/k rotation 32": {
-        "avg_bits": 2.25, "feature_groups": True, "gradient_metric": "relative", "nonlinear_bits": 4,
-        "nonlinear_rotation": 32, "rounding": "dithered", "debias_attention": True, **_PROBE_ALL},
-    "adaptive 2.5, feature groups, relative metric, attention floor 4, dithered, debiased, q/k rotation 32": {
-        "avg_bits": 2.5, "feature_groups": True, "gradient_metric": "relative", "nonlinear_bits": 4,
-        "nonlinear_rotation": 32, "rounding": "dithered", "debias_attention": True, **_PROBE_ALL},
-    "adaptive 2.75, feature groups, relative metric, attention floor 4, dithered, debiased, q/k rotation 32": {
-        "avg_bits": 2.75, "feature_groups": True, "gradient_metric": "relative", "nonlinear_bits": 4,
-        "nonlinear_rotation": 32, "rounding": "dithered", "debias_attention": True, **_PROBE_ALL},
+    **{name: {**options, **_PROBE_ALL} for name, options in ADAPTIVE_ROTATED.items()},
 }
 
 

@@ -24,6 +24,15 @@ from .tasks import lr_scale
 
 log = logging.getLogger("gact_fx.bench")
 
+# The solver at an average of bits with query and key floored at 4 bits, rotated and
+# debiased, dithered (docs/accuracy.md, "About 12x"); also warm-screened.
+ADAPTIVE_ROTATED = {
+    f"adaptive {bits}, feature groups, relative metric, attention floor 4, dithered, debiased, q/k rotation 32": {
+        "avg_bits": bits, "feature_groups": True, "gradient_metric": "relative", "nonlinear_bits": 4,
+        "nonlinear_rotation": 32, "rounding": "dithered", "debias_attention": True}
+    for bits in (2.25, 2.5, 2.75)
+}
+
 # The uniform methods name the groups they ran with before feature groups became the
 # default (contiguous), so that a method keeps one meaning across result files.
 METHODS = {
@@ -91,15 +100,7 @@ METHODS = {
     "3 bit, feature groups, attention floor 4, dithered, debiased, q/k rotation 32": {
         "bits": 3, "nonlinear_bits": 4, "nonlinear_rotation": 32, "feature_groups": True, "rounding": "dithered",
         "debias_attention": True},
-    "adaptive 2.25, feature groups, relative metric, attention floor 4, dithered, debiased, q/k rotation 32": {
-        "avg_bits": 2.25, "feature_groups": True, "gradient_metric": "relative", "nonlinear_bits": 4,
-        "nonlinear_rotation": 32, "rounding": "dithered", "debias_attention": True},
-    "adaptive 2.5, feature groups, relative metric, attention floor 4, dithered, debiased, q/k rotation 32": {
-        "avg_bits": 2.5, "feature_groups": True, "gradient_metric": "relative", "nonlinear_bits": 4,
-        "nonlinear_rotation": 32, "rounding": "dithered", "debias_attention": True},
-    "adaptive 2.75, feature groups, relative metric, attention floor 4, dithered, debiased, q/k rotation 32": {
-        "avg_bits": 2.75, "feature_groups": True, "gradient_metric": "relative", "nonlinear_bits": 4,
-        "nonlinear_rotation": 32, "rounding": "dithered", "debias_attention": True},
+    **ADAPTIVE_ROTATED,
 }  # gact options by level, for benchmarks/convergence.py
 
 
