@@ -28,6 +28,7 @@ LOWERINGS = ("auto", "op", "aten", "triton")
 ROUNDINGS = ("stochastic", "dithered")
 PARTITIONERS = ("min_cut", "default")
 GRADIENT_METRICS = ("relative", "absolute")
+BUDGETS = ("codes", "bytes")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -165,6 +166,16 @@ class AdaptiveConfig:
     update carries (it divides each gradient by its running RMS). Measured on one task
     only (BENCHMARKS.md), hence not the default."""
 
+    budget: str = "codes"
+    """Adaptive mode: what ``avg_bits`` counts. 'codes' (the default, GACT's): the code bits
+    of the tensors free to move, averaged over their elements and the elements the backward
+    rebuilds from them; tensors held at a floor, the groups' scales and minimums, and the
+    tensors compressed at fixed widths (masks) cost bytes beyond it. 'bytes': everything the
+    graph's saved activations hold after gact, over what the graph saved without it, as if
+    each of those elements were held at ``avg_bits``: floors, metadata, masks and tensors
+    kept as they are all included, so that an fp32 model holds ``32 / avg_bits`` times fewer
+    activation bytes (the report's ratio) and a bf16 one ``16 / avg_bits``."""
+
     def __post_init__(self) -> None:
         for name in ("adapt_interval", "probe_bits", "probe_tensors"):
             _check_type(name, getattr(self, name), int)
@@ -180,6 +191,10 @@ class AdaptiveConfig:
             raise ValueError(f"probe_bits must be one of {fmt.QUANTIZED_BITS}, got {self.probe_bits}")
         if self.gradient_metric not in GRADIENT_METRICS:
             raise ValueError(f"gradient_metric must be one of {GRADIENT_METRICS}, got {self.gradient_metric!r}")
+        if self.budget not in BUDGETS:
+            raise ValueError(f"budget must be one of {BUDGETS}, got {self.budget!r}")
+        if self.budget != "codes" and self.avg_bits is None:
+            raise ValueError(f"budget={self.budget!r} says what avg_bits counts; it needs avg_bits (adaptive mode)")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -26,9 +26,10 @@ interval that starts at ``adapt_interval / 64`` forward calls of the graph and d
 up to ``adapt_interval`` (a block compiled once and called N times per step counts N),
 and again at once when the norm of the graph's gradients jumps. After each probe the
 bits are re-solved (``allocation.solve``) under the average-bits budget, which holds
-per compiled graph. One probe per graph is in flight at a time: a graph called again
-before its probe's backward has run simply runs compressed, and a probe whose outputs
-are dropped without a backward ends when autograd frees its graph.
+per compiled graph (``AdaptiveConfig.budget``: over the code bits, or over every byte
+held). One probe per graph is in flight at a time: a graph called again before its
+probe's backward has run simply runs compressed, and a probe whose outputs are dropped
+without a backward ends when autograd frees its graph.
 """
 
 from __future__ import annotations
@@ -65,6 +66,13 @@ class TrackedTensor:
     floor: int = 1  # the fewest bits its use in the backward allows (``passes.uses``)
     sensitivity: float | None = None  # C_l, measured at ``probe_bits``
     carried_numel: int = 0  # elements rebuilt from it in the backward (``passes.affine``): budget it frees
+    overhead_bytes: int = 0  # its blob's bytes beyond the codes below full precision: scales, minimums, key, tag
+
+    def held_bytes(self, bits: int) -> float:
+        """What its blob holds at ``bits``."""
+        if bits >= 8 * self.itemsize:
+            return self.numel * self.itemsize
+        return self.numel * bits / 8 + self.overhead_bytes
 
     @property
     def slot(self) -> int:
@@ -104,6 +112,13 @@ class Region:
     failed_probes: int = 0
     backward_type_known: bool = False
     in_flight: _Probe | None = None  # the probe whose backward has not run yet
+    infeasible_logged: bool = False  # warned that ``budget='bytes'`` is out of reach
+    baseline_bytes: int = 0  # the activations the graph saved without gact
+    fixed_bytes: int = 0  # what its other saved activations hold: masks, fixed widths, tensors kept as they are
+
+    def held_bytes(self) -> float:
+        """The activations it holds at the widths in force."""
+        return self.fixed_bytes + sum(t.held_bytes(t.bits) for t in self.tensors)
 
     @property
     def fully_measured(self) -> bool:
@@ -124,8 +139,12 @@ class GactController:
 
     # -- registration --------------------------------------------------------------------
 
-    def add_region(self, index: int, tensors: Sequence[TrackedTensor]) -> Region:
-        region = Region(index, list(tensors), ProbeSchedule(self.settings.adapt_interval))
+    def add_region(self, index: int, tensors: Sequence[TrackedTensor], *, baseline_bytes: int = 0,
+                   fixed_bytes: int = 0) -> Region:
+        """``baseline_bytes``: the activations the graph saved without gact; ``fixed_bytes``: what
+        its saved activations other than ``tensors`` hold (both for ``budget='bytes'``)."""
+        region = Region(index, list(tensors), ProbeSchedule(self.settings.adapt_interval),
+                        baseline_bytes=baseline_bytes, fixed_bytes=fixed_bytes)
         self.regions[index] = region
         if self._pending_state is not None:
             self._apply_state(region, self._pending_state)
@@ -321,7 +340,7 @@ class GactController:
         problem = AllocationProblem(
             tuple(t.sensitivity for t in adaptive),
             tuple(t.numel for t in adaptive),
-            self._budget(adaptive),
+            self._budget(region),
             full_bits=tuple(8 * t.itemsize for t in adaptive),
             floors=tuple(t.floor for t in adaptive),
             one_bit=tuple(t.sensitivity if self.settings.probe_bits == 1 else None for t in adaptive),
@@ -330,14 +349,38 @@ class GactController:
             tensor.bits = bits
         region.adaptations += 1
         histogram = {b: sum(1 for t in adaptive if t.bits == b) for b in sorted({t.bits for t in adaptive})}
+        held = region.held_bytes()
         log.info(
-            "gact adapted graph %d at call %d: %d tensors, %.2f average bits (budget %.2f, floors apart), "
-            "predicted gradient variance %.3g, bits %s",
+            "gact adapted graph %d at call %d: %d tensors, %.2f average bits (avg_bits %.2f counting %s), "
+            "activations %.3gx fewer bytes, predicted gradient variance %.3g, bits %s",
             region.index, region.calls, len(adaptive), self.average_bits(region), self.settings.avg_bits,
+            self.settings.budget, region.baseline_bytes / held if held and region.baseline_bytes else math.nan,
             problem.variance([t.bits for t in adaptive]), histogram,
         )
+        if self.settings.budget == "bytes" and not region.infeasible_logged and held > 1.001 * self._allowed_bytes(region):
+            region.infeasible_logged = True
+            log.warning(
+                "gact: graph %d holds %.3gx fewer activation bytes, short of avg_bits=%.2f's %.3gx: its floors "
+                "and the tensors it holds at fixed widths alone take more",
+                region.index, region.baseline_bytes / held, self.settings.avg_bits,
+                region.baseline_bytes / self._allowed_bytes(region),
+            )
 
-    def _budget(self, adaptive: Sequence[TrackedTensor]) -> float:
+    def _budget(self, region: Region) -> float:
+        """The solver's budget for the region's tensors, in code bits."""
+        if self.settings.budget == "bytes":
+            spare = self._allowed_bytes(region) - region.fixed_bytes - sum(t.overhead_bytes for t in region.tensors)
+            return 8 * spare
+        return self._codes_budget(region.tensors)
+
+    def _allowed_bytes(self, region: Region) -> float:
+        """``budget='bytes'``: the graph's saved activations at ``avg_bits`` per full-precision
+        element, the element's width read from the tensors the solver sets."""
+        elements = sum(t.numel for t in region.tensors)
+        full_bits = 8 * sum(t.numel * t.itemsize for t in region.tensors) / elements if elements else 32
+        return region.baseline_bytes * self.settings.avg_bits / full_bits
+
+    def _codes_budget(self, adaptive: Sequence[TrackedTensor]) -> float:
         """Bits for the region's tensors: ``avg_bits`` per element of those free to move,
         the elements the backward rebuilds from them included (``passes.affine``: no longer
         stored, so the tensor that carries them may take more bits), plus each floored

@@ -24,6 +24,7 @@ from .controller import GactController, TrackedTensor
 from .partitioner import GactPartitioner
 from .report import GraphRecord, Report, log_record
 from .runtime.format import RUNTIME_BITS
+from .runtime.ops import blob_nbytes
 from .runtime.registry import SlotRegistry
 from .runtime.rotation import rotation_matrix
 
@@ -157,7 +158,10 @@ class GactBackend:
         self._prepare_sites(record)
         record.parameters = [weakref.ref(t) for t in example_inputs if isinstance(t, torch.nn.Parameter)]
         if config.is_adaptive:
-            region = self.controller.add_region(record.index, self._tracked_tensors(record, config.initial_bits))
+            tracked = self._tracked_tensors(record, config.initial_bits)
+            fixed = sum(_compat.hint(r.bytes_after) for r in record.rows if r.is_activation and r.bits != RUNTIME_BITS)
+            region = self.controller.add_region(record.index, tracked, baseline_bytes=record.baseline_activation_bytes,
+                                                fixed_bytes=fixed)
             compiled = self.controller.wrap(region, compiled)
         return compiled
 
@@ -195,8 +199,12 @@ class GactBackend:
             if compression.bits == RUNTIME_BITS:
                 site = self.registry.sites[compression.slot]
                 site.bits = max(initial_bits, compression.floor)
+                codes = compression.numel * 2 // 8  # the blob's length less its 2-bit codes
+                overhead = _compat.hint(blob_nbytes(compression.numel, getattr(torch, compression.dtype), 2,
+                                            compression.group_size, compression.dithered)) - codes
                 tracked.append(TrackedTensor(site, compression.label, compression.numel, compression.itemsize,
-                                             floor=compression.floor, carried_numel=compression.carried_numel))
+                                             floor=compression.floor, carried_numel=compression.carried_numel,
+                                             overhead_bytes=overhead))
         return tracked
 
     def report(self) -> Report:

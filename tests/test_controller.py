@@ -67,11 +67,46 @@ def test_adaptation_respects_the_budget_logs_and_never_recompiles(caplog):
     assert len(set(controller.bits().values())) > 1  # a mixed allocation
     assert region.adaptations >= 3  # after the first full measurement, then every 3 calls
     adapted = [m for m in caplog.messages if m.startswith("gact adapted graph 0")]
-    assert len(adapted) == region.adaptations and "budget 2.00, floors apart" in adapted[0]
+    assert len(adapted) == region.adaptations and "avg_bits 2.00 counting codes" in adapted[0]
     assert counters["stats"]["unique_graphs"] == 1
     assert no_probe_state(region)
     rows = {r.slot: r.bits for r in backend.report().rows if r.slot is not None}
     assert all(rows[t.slot] == t.bits for t in region.tensors)  # the report shows the bits in force
+
+
+@pytest.mark.parametrize("avg_bits", [3.0, 4.0])
+def test_a_budget_in_bytes_holds_the_reports_ratio(avg_bits):
+    model, inputs = model_case("block")
+    backend = gact_fx.backend(avg_bits=avg_bits, budget="bytes", adapt_interval=3, probe_tensors=4)
+    train_steps(model, inputs, backend, 8)
+    (region,) = backend.controller.regions.values()
+    assert region.fully_measured and region.adaptations >= 1
+    report = backend.report()
+    ratio = report.activation_bytes_before / report.activation_bytes_after
+    # every byte counts: the floored query and key, the scales and minimums, the tensors kept
+    # as they are; the solver leaves at most a step of its ladder unspent
+    target = 32 / avg_bits
+    assert target <= ratio < 1.25 * target
+    assert ratio == pytest.approx(region.baseline_bytes / region.held_bytes(), rel=1e-3)
+
+
+def test_a_budget_in_bytes_out_of_reach_warns_once_and_keeps_the_floors(caplog):
+    model, inputs = model_case("block")
+    backend = gact_fx.backend(avg_bits=1, budget="bytes", adapt_interval=3, probe_tensors=4)
+    with caplog.at_level(logging.WARNING, logger="gact_fx"):
+        train_steps(model, inputs, backend, 10)
+    (region,) = backend.controller.regions.values()
+    assert region.adaptations >= 2
+    assert all(t.bits == (t.floor if t.floor > 1 else 2) for t in region.tensors)  # the narrowest rungs (1 bit unmeasured)
+    warnings = [m for m in caplog.messages if "short of avg_bits=1.00" in m]
+    assert len(warnings) == 1 and "floors" in warnings[0]
+
+
+def test_a_budget_in_bytes_needs_avg_bits():
+    with pytest.raises(ValueError, match="needs avg_bits"):
+        GactConfig.from_options(budget="bytes")
+    with pytest.raises(ValueError, match="budget must be one of"):
+        GactConfig.from_options(avg_bits=2, budget="elements")
 
 
 def test_the_estimator_ranks_tensors_like_the_brute_force_definition():
