@@ -33,7 +33,7 @@ import torch
 
 import gact_fx
 from gact_fx.bench.tasks import TASKS
-from gact_fx.bench.train import ADAPTIVE_ROTATED
+from gact_fx.bench.train import ADAPTIVE_BYTES, ADAPTIVE_ROTATED
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from benchmarks._results import save_table  # noqa: E402
@@ -103,7 +103,7 @@ CONFIGS = {
     "adaptive 2.5, feature groups, relative metric, attention floor 4, dithered, debiased": {
         "avg_bits": 2.5, "feature_groups": True, "gradient_metric": "relative", "nonlinear_bits": 4,
         "rounding": "dithered", "debias_attention": True, **_PROBE_ALL},
-    **{name: {**options, **_PROBE_ALL} for name, options in ADAPTIVE_ROTATED.items()},
+    **{name: {**options, **_PROBE_ALL} for name, options in {**ADAPTIVE_ROTATED, **ADAPTIVE_BYTES}.items()},
 }
 
 

@@ -42,6 +42,7 @@ import torch
 
 from .. import _compat
 from . import format as fmt
+from .noise import noise_source
 from .reference import HALF_MAX
 
 log = logging.getLogger("gact_fx")
@@ -95,16 +96,11 @@ def _new_blob(numel: int, bits: int, group_size: int, itemsize: int, dithered: b
     return torch.empty(fmt.float_blob_nbytes(numel, bits, group_size, itemsize, dithered), dtype=torch.uint8)
 
 
-def _key_source(state, key) -> tuple[torch.Tensor, int]:
-    """What the codec draws its noise from, and whether that is a site's state (1) or a call key (0)."""
-    return (state, 1) if state is not None else (key, 0)
-
-
 def quantize(tensor: torch.Tensor, bits: int, group_size: int, *, state=None, key=None,
              dithered: bool = False) -> torch.Tensor:
     """Blob of a float CPU tensor's elements in row-major order at ``bits`` in {1, 2, 3, 4, 8}
     (the reference's, bit for bit; ``dithered``: with its key, ``runtime.format``)."""
-    source, from_state = _key_source(state, key)
+    source, from_state = noise_source(state, key)
     values = tensor.contiguous()
     numel = values.numel()
     blob = _new_blob(numel, bits, group_size, values.element_size(), dithered)
@@ -153,7 +149,7 @@ def quantize_transposed(matrix: torch.Tensor, bits: int, group_size: int, *, sta
                         dithered: bool = False) -> torch.Tensor:
     """The blob of ``matrix.t().reshape(-1)``, read from the row-major [tokens, features]
     ``matrix`` in place (no transposed copy); bit for bit the blob ``quantize`` writes."""
-    source, from_state = _key_source(state, key)
+    source, from_state = noise_source(state, key)
     tokens, features = matrix.shape
     values = matrix.contiguous()
     blob = _new_blob(values.numel(), bits, group_size, values.element_size(), dithered)

@@ -77,6 +77,13 @@ def call_keys(states: torch.Tensor) -> torch.Tensor:
     return torch.stack([k0, fmix32(mul32(states[:, 1] & MASK32, GOLDEN) ^ k0)], dim=1)
 
 
+def noise_source(state: torch.Tensor | None, key: torch.Tensor | None) -> tuple[torch.Tensor, bool]:
+    """What a codec's call draws its noise from, and whether that is a site's state (else a call key)."""
+    if (state is None) == (key is None):
+        raise ValueError("give the site's noise state or an explicit key, not both")
+    return (state, True) if state is not None else (key, False)
+
+
 def uniform(key: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """Noise in (0, 1) for int64 element indices ``index`` under ``key`` (float32)."""
     k0, k1 = key[0], key[1]

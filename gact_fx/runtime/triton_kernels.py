@@ -27,6 +27,7 @@ import torch
 
 from . import format as fmt
 from .launches import launch
+from .noise import noise_source
 from .triton_decode import decode_chunked_kernel, decode_features_kernel, pack_mask_kernel, unpack_mask_kernel
 from .triton_encode import encode_chunked_kernel, encode_features_kernel, noise_kernel, store_key_kernel
 
@@ -126,12 +127,6 @@ def interpreted() -> bool:
     return _INTERPRETED
 
 
-def _key_source(state: torch.Tensor | None, key: torch.Tensor | None) -> tuple[torch.Tensor, bool]:
-    if (state is None) == (key is None):
-        raise ValueError("give the site's noise state or an explicit key, not both")
-    return (state, True) if state is not None else (key, False)
-
-
 def _on_device(tensor: torch.Tensor):
     """Launch on ``tensor``'s GPU, which need not be the current one (Triton launches on the current)."""
     if tensor.is_cuda and tensor.device.index != torch.cuda.current_device():
@@ -147,7 +142,7 @@ def _grid(items: int, per_program: int) -> tuple[int]:
 def rounding_noise(groups: int, group_size: int, *, state=None, key=None) -> torch.Tensor:
     """The ``(G, group_size)`` noise ``quantize`` draws for a state or key (for tests)."""
     fmt.check_group_size(group_size)
-    source, from_state = _key_source(state, key)
+    source, from_state = noise_source(state, key)
     out = torch.empty(groups, group_size, device=source.device, dtype=torch.float32)
     lanes = _next_power_of_2(group_size)
     rows = max(1, 1024 // lanes)
@@ -180,7 +175,7 @@ def quantize(flat: torch.Tensor, bits: int, group_size: int, *, state=None, key=
     """Blob of a contiguous float tensor (of any rank, read as 1-D) at ``bits`` in {1, 2, 3, 4,
     8}; ``count``: advance the site's counter (``state``) in the kernel; ``dithered``: a blob
     that keeps its key (``runtime.format``)."""
-    source, from_state = _key_source(state, key)
+    source, from_state = noise_source(state, key)
     numel = flat.numel()
     groups = fmt.num_groups(numel, group_size)
     blob = _new_blob(numel, bits, group_size, flat.element_size(), flat.device, dithered)
@@ -210,7 +205,7 @@ def quantize_transposed(matrix: torch.Tensor, bits: int, group_size: int, *, sta
     """The blob of ``matrix.t()`` (feature-major groups) from a row-major [tokens, features]
     matrix (or a contiguous tensor of any rank, its innermost dimension the features), read
     in place (``features_in_place`` must hold)."""
-    source, from_state = _key_source(state, key)
+    source, from_state = noise_source(state, key)
     numel = matrix.numel()
     features = matrix.shape[-1]
     tokens = numel // features
