@@ -33,13 +33,16 @@ ADAPTIVE_ROTATED = {
     for bits in (2.25, 2.5, 2.75)
 }
 
-# The same with the budget over every byte held (``AdaptiveConfig.budget``): 2.65 bits a
-# full-precision element is 12.1x fewer activation bytes than fp32, whatever the model's
-# floors, masks and rebuilt tensors.
+# The budget over every byte held (``AdaptiveConfig.budget``): 2.65 bits a full-precision
+# element is 12.1x fewer activation bytes than fp32, whatever the model's floors, masks and
+# rebuilt tensors; with query and key at 4 bits (rotated, debiased) as above, or at their
+# default floor of 8, paid from the same bytes.
 ADAPTIVE_BYTES = {
-    f"adaptive {bits} in bytes, feature groups, relative metric, attention floor 4, dithered, debiased, "
-    "q/k rotation 32": {**options, "avg_bits": bits, "budget": "bytes"}
-    for bits, options in [(2.65, ADAPTIVE_ROTATED[next(iter(ADAPTIVE_ROTATED))])]
+    "adaptive 2.65 in bytes, feature groups, relative metric, attention floor 4, dithered, debiased, "
+    "q/k rotation 32": {**ADAPTIVE_ROTATED[next(iter(ADAPTIVE_ROTATED))], "avg_bits": 2.65, "budget": "bytes"},
+    "adaptive 2.65 in bytes, feature groups, relative metric, dithered": {
+        "avg_bits": 2.65, "budget": "bytes", "feature_groups": True, "gradient_metric": "relative",
+        "rounding": "dithered"},
 }
 
 # The uniform methods name the groups they ran with before feature groups became the
