@@ -205,6 +205,12 @@ TABLE_FILES = {
     "warm_gradient_error_adaptive_rotated_gpt.json": (
         "Gradient error: adaptive bits with query and key at 4 bits, rotated and debiased, on the char GPT",
         "As above, `--task charlm` (uniform 3 bits with the same options: 11.2x, one draw's error 0.165)."),
+    "warm_gradient_error_bytes_llama.json": (
+        "Gradient error: adaptive bits over every byte held, on the Llama",
+        "`benchmarks/warm_gradient_error.py --task charlm-llama --draws 64`: the adaptive solver at 2.65 bits a "
+        "full-precision element over every byte the saved activations hold (`budget=\"bytes\"`: 12.1x on any "
+        "model), relative metric, every tensor probed once, feature groups, dithered; query and key floored at 4 "
+        "bits, rotated and debiased, or at their default floor of 8 bits, paid from the same bytes."),
     "cpu_step_time_debiased.json": ("CPU step time with query and key at 4 bits, debiased",
                                     "`benchmarks/cpu_step_time.py --models char-gpt block --compilers inductor --bits 3 "
                                     "--dithered --debiased --name cpu_step_time_debiased`: `debias_attention` runs two "
