@@ -170,11 +170,11 @@ class AdaptiveConfig:
     """Adaptive mode: what ``avg_bits`` counts. 'codes' (the default, GACT's): the code bits
     of the tensors free to move, averaged over their elements and the elements the backward
     rebuilds from them; tensors held at a floor, the groups' scales and minimums, and the
-    tensors compressed at fixed widths (masks) cost bytes beyond it. 'bytes': everything the
-    graph's saved activations hold after gact, over what the graph saved without it, as if
-    each of those elements were held at ``avg_bits``: floors, metadata, masks and tensors
-    kept as they are all included, so that an fp32 model holds ``32 / avg_bits`` times fewer
-    activation bytes (the report's ratio) and a bf16 one ``16 / avg_bits``."""
+    tensors compressed at fixed widths (masks) cost bytes beyond it. 'bytes': every byte
+    the graph's saved activations hold after gact (floors, scales and minimums, masks and
+    tensors kept as they are included) is at most what it saved without gact times
+    ``avg_bits`` over its float activations' width: an fp32 model holds ``32 / avg_bits``
+    times fewer activation bytes (the report's ratio), a bf16 one ``16 / avg_bits``."""
 
     def __post_init__(self) -> None:
         for name in ("adapt_interval", "probe_bits", "probe_tensors"):

@@ -199,9 +199,10 @@ class GactBackend:
             if compression.bits == RUNTIME_BITS:
                 site = self.registry.sites[compression.slot]
                 site.bits = max(initial_bits, compression.floor)
-                codes = compression.numel * 2 // 8  # the blob's length less its 2-bit codes
-                overhead = _compat.hint(blob_nbytes(compression.numel, getattr(torch, compression.dtype), 2,
-                                            compression.group_size, compression.dithered)) - codes
+                numel = _compat.hint(compression.numel)
+                # the blob's bytes beyond its codes, the same at every width below full precision
+                overhead = blob_nbytes(numel, getattr(torch, compression.dtype), 2, compression.group_size,
+                                       compression.dithered) - numel * 2 // 8
                 tracked.append(TrackedTensor(site, compression.label, compression.numel, compression.itemsize,
                                              floor=compression.floor, carried_numel=compression.carried_numel,
                                              overhead_bytes=overhead))
