@@ -103,7 +103,9 @@ def record_launches(dtypes=DTYPES, widths=WIDTHS) -> dict[Launch, tuple[str, str
                 "dequantize": lambda: tk.dequantize(blob, x.numel(), dtype, GROUP),
                 "quantize, feature groups": lambda: tk.quantize_transposed(matrix, bits, GROUP, state=state, count=True),
                 "dequantize, feature groups": lambda: tk.dequantize_transposed(blob, TOKENS, FEATURES, dtype, GROUP),
-                # (a dithered quantize is the same kernel, after one program that writes the key)
+                "quantize, dithered": lambda: tk.quantize(x, bits, GROUP, state=state, count=True, dithered=True),
+                "quantize, feature groups, dithered": lambda: tk.quantize_transposed(
+                    matrix, bits, GROUP, state=state, count=True, dithered=True),
                 "dequantize, dithered": lambda: tk.dequantize(keyed, x.numel(), dtype, GROUP, dithered=True),
                 "dequantize, feature groups, dithered": lambda: tk.dequantize_transposed(
                     keyed, TOKENS, FEATURES, dtype, GROUP, dithered=True),

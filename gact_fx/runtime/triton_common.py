@@ -255,6 +255,24 @@ def zero_tail(blob_ptr, start, nbytes):
 
 
 @triton.jit
+def finish_blob(blob_ptr, start, nbytes, k0, k1, KEYED: tl.constexpr):
+    """After a quantize's codes (byte ``start``), program 0 writes the rest of the blob, up to
+    ``nbytes``, in one store: zeros for the padding and the tag, and for a dithered blob
+    (``KEYED``) its call key ``(k0, k1)`` at the next multiple of 8 between them
+    (``runtime.format``)."""
+    if KEYED:
+        if tl.program_id(0) == 0:
+            offsets = start + tl.arange(0, 32)
+            at = offsets - (start + 7) // 8 * 8  # the byte's place in the key, if 0..7
+            word = tl.where(at < 4, k0, k1)
+            shift = ((at & 3) * 8).to(tl.uint32)
+            value = tl.where((at >= 0) & (at < 8), (word >> shift) & 0xFF, 0).to(tl.uint8)
+            tl.store(blob_ptr + offsets, value, mask=offsets < nbytes)
+    else:
+        zero_tail(blob_ptr, start, nbytes)
+
+
+@triton.jit
 def min_nan(a, b):
     return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
 

@@ -26,8 +26,8 @@ import triton.language as tl
 
 from .triton_common import (
     BFLOAT16_LOWEST, HALF_MAX, advance_counter, bfloat16_ceil, bfloat16_floor, bfloat16_floor_finite, call_key,
-    call_mix, chunk_pair_hash, chunk_pair_products, halves_noise, max_nan, min_nan, mul, program_features,
-    program_groups, scale_factor, store_group_words, uniform, uniform_of, zero_tail,
+    call_mix, chunk_pair_hash, chunk_pair_products, finish_blob, halves_noise, max_nan, min_nan, mul, program_features,
+    program_groups, scale_factor, store_group_words, uniform, uniform_of,
 )
 
 SMALLEST_PLAIN_SCALE = tl.constexpr(2.0**-125)  # scale / 2 still normal: the rounding bounds hold
@@ -287,11 +287,12 @@ def encode_chunked_kernel(
     x_ptr, blob_ptr, numel, num_groups, nbytes, key_ptr, DTYPE_MAX: tl.constexpr,
     FROM_STATE: tl.constexpr, ADVANCE: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr,
     CHUNKS: tl.constexpr, BLOCK: tl.constexpr, PARTIAL: tl.constexpr, WIDE: tl.constexpr,
-    GENERAL_ROWS: tl.constexpr, INTERPRETED: tl.constexpr, GENERAL: tl.constexpr = True,
+    GENERAL_ROWS: tl.constexpr, INTERPRETED: tl.constexpr, GENERAL: tl.constexpr = True, KEYED: tl.constexpr = False,
 ):
     """Contiguous groups of a 1-D tensor. ``GENERAL=False`` leaves the general path out: for
     counting the plain path's instructions (``runtime.compile_check``), never launched.
-    ``INTERPRETED``: running under ``TRITON_INTERPRET`` (see ``nan_min``)."""
+    ``INTERPRETED``: running under ``TRITON_INTERPRET`` (see ``nan_min``). ``KEYED``: a
+    dithered blob, which keeps its call key (``finish_blob``)."""
     LEVELS: tl.constexpr = (1 << BITS) - 1
     k0, k1, count = call_key(key_ptr, FROM_STATE)
     mixed_key = call_mix(k0, k1)
@@ -321,7 +322,7 @@ def encode_chunked_kernel(
             ya, yb, _ = _load_halves(x_ptr, rows, numel, num_groups, GROUP, CHUNKS, PARTIAL)
             _encode_general(blob_ptr, rows, num_groups, ya, yb, mixed_key, DTYPE_MAX, LEVELS, BITS, GROUP, CHUNKS,
                             GENERAL_ROWS, WIDE)
-    zero_tail(blob_ptr, 4 * num_groups + num_groups * (GROUP * BITS // 8), nbytes)
+    finish_blob(blob_ptr, 4 * num_groups + num_groups * (GROUP * BITS // 8), nbytes, k0, k1, KEYED)
     advance_counter(key_ptr, count, ADVANCE)
 
 
@@ -339,7 +340,7 @@ def encode_features_kernel(
     x_ptr, blob_ptr, numel, num_groups, nbytes, key_ptr, token_blocks, row_stride, DTYPE_MAX: tl.constexpr,
     FROM_STATE: tl.constexpr, ADVANCE: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr,
     CHUNKS: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr, GENERAL_ROWS: tl.constexpr,
-    INTERPRETED: tl.constexpr, GENERAL: tl.constexpr = True,
+    INTERPRETED: tl.constexpr, GENERAL: tl.constexpr = True, KEYED: tl.constexpr = False,
 ):
     """Feature-major groups (``feature_groups``): group ``f * token_blocks + b`` holds the
     GROUP tokens of block ``b`` of feature ``f`` of a row-major [tokens, ``row_stride``]
@@ -425,7 +426,7 @@ def encode_features_kernel(
             ya, yb, _ = _load_halves_features(x_ptr, row_features, token_block, row_stride, GROUP, CHUNKS)
             _encode_general(blob_ptr, rows, num_groups, ya, yb, mixed_key, DTYPE_MAX, LEVELS, BITS, GROUP, CHUNKS,
                             GENERAL_ROWS, WIDE)
-    zero_tail(blob_ptr, 4 * num_groups + num_groups * (GROUP * BITS // 8), nbytes)
+    finish_blob(blob_ptr, 4 * num_groups + num_groups * (GROUP * BITS // 8), nbytes, k0, k1, KEYED)
     advance_counter(key_ptr, count, ADVANCE)
 
 
@@ -438,15 +439,3 @@ def noise_kernel(out_ptr, num_groups, key_ptr, FROM_STATE: tl.constexpr, GROUP: 
     groups = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)[:, None]
     offsets = groups.to(tl.int64) * GROUP + tl.minimum(lanes, GROUP - 1)
     tl.store(out_ptr + offsets, uniform(k0, k1, offsets), mask=(groups < num_groups) & (lanes < GROUP))
-
-
-@triton.jit
-def store_key_kernel(key_ptr, blob_ptr, key_offset, nbytes, FROM_STATE: tl.constexpr):
-    """A dithered blob's call key (``runtime.format``) at byte ``key_offset``, and zeros for the
-    tag after it. Launched before the encode kernel, which advances the site's counter."""
-    k0, k1, _ = call_key(key_ptr, FROM_STATE)
-    words = (blob_ptr + key_offset).to(tl.pointer_type(tl.int32))
-    tl.store(words, k0.to(tl.int32, bitcast=True))
-    tl.store(words + 1, k1.to(tl.int32, bitcast=True))
-    offsets = key_offset + 8 + tl.arange(0, 8)
-    tl.store(blob_ptr + offsets, tl.zeros([8], dtype=tl.uint8), mask=offsets < nbytes)

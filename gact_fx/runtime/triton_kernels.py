@@ -29,7 +29,7 @@ from . import format as fmt
 from .launches import launch
 from .noise import noise_source
 from .triton_decode import decode_chunked_kernel, decode_features_kernel, pack_mask_kernel, unpack_mask_kernel
-from .triton_encode import encode_chunked_kernel, encode_features_kernel, noise_kernel, store_key_kernel
+from .triton_encode import encode_chunked_kernel, encode_features_kernel, noise_kernel
 
 # Elements a program holds (4 warps): as many as registers take without spilling, so
 # that a program's fixed costs (the key, the per-group reciprocals, the plain-path test)
@@ -157,19 +157,6 @@ def _new_blob(numel: int, bits: int, group_size: int, itemsize: int, device, dit
                        device=device)
 
 
-def _store_key_first(blob: torch.Tensor, numel: int, bits: int, group_size: int, source: torch.Tensor,
-                     from_state: bool, dithered: bool):
-    """For a dithered blob, launch ``store_key_kernel`` (before the encode, which advances the
-    counter the key comes from); returns how many bytes the encode kernel then writes: the
-    whole blob, or up to the key."""
-    if not dithered:
-        return blob.numel()
-    start = fmt.key_offset(numel, bits, group_size)
-    launch(store_key_kernel, (1,), {"key_ptr": source, "blob_ptr": blob, "key_offset": start, "nbytes": blob.numel()},
-           {"FROM_STATE": from_state}, num_warps=1)
-    return start
-
-
 def quantize(flat: torch.Tensor, bits: int, group_size: int, *, state=None, key=None, count: bool = False,
              dithered: bool = False) -> torch.Tensor:
     """Blob of a contiguous float tensor (of any rank, read as 1-D) at ``bits`` in {1, 2, 3, 4,
@@ -181,15 +168,14 @@ def quantize(flat: torch.Tensor, bits: int, group_size: int, *, state=None, key=
     blob = _new_blob(numel, bits, group_size, flat.element_size(), flat.device, dithered)
     shape = block_shape(group_size, groups, flat.element_size(), bits)
     with _on_device(flat):
-        nbytes = _store_key_first(blob, numel, bits, group_size, source, from_state, dithered)
         launch(encode_chunked_kernel, _grid(groups, shape.rows),
-               {"x_ptr": flat, "blob_ptr": blob, "numel": numel, "num_groups": groups, "nbytes": nbytes,
+               {"x_ptr": flat, "blob_ptr": blob, "numel": numel, "num_groups": groups, "nbytes": blob.numel(),
                 "key_ptr": source},
                {"DTYPE_MAX": _dtype_max(flat.dtype),
                 "FROM_STATE": from_state, "ADVANCE": from_state and count, "BITS": bits, "GROUP": group_size,
                 "CHUNKS": shape.chunks, "BLOCK": shape.rows, "PARTIAL": bool(numel % group_size != 0),
                 "WIDE": bool(numel >= _INT32_LIMIT), "GENERAL_ROWS": shape.general_rows,
-                "INTERPRETED": interpreted(), "GENERAL": True},
+                "INTERPRETED": interpreted(), "GENERAL": True, "KEYED": dithered},
                num_warps=shape.warps)
     return blob
 
@@ -213,14 +199,13 @@ def quantize_transposed(matrix: torch.Tensor, bits: int, group_size: int, *, sta
     blob = _new_blob(numel, bits, group_size, matrix.element_size(), matrix.device, dithered)
     shape = block_shape(group_size, features, matrix.element_size(), bits, feature_major=True)
     with _on_device(matrix):
-        nbytes = _store_key_first(blob, numel, bits, group_size, source, from_state, dithered)
         launch(encode_features_kernel, (token_blocks * _cdiv(features, shape.rows),),
                {"x_ptr": matrix, "blob_ptr": blob, "numel": numel, "num_groups": token_blocks * features,
-                "nbytes": nbytes, "key_ptr": source, "token_blocks": token_blocks, "row_stride": features},
+                "nbytes": blob.numel(), "key_ptr": source, "token_blocks": token_blocks, "row_stride": features},
                {"DTYPE_MAX": _dtype_max(matrix.dtype),
                 "FROM_STATE": from_state, "ADVANCE": from_state and count, "BITS": bits, "GROUP": group_size,
                 "CHUNKS": shape.chunks, "BLOCK": shape.rows, "WIDE": bool(numel >= _INT32_LIMIT),
-                "GENERAL_ROWS": shape.general_rows, "INTERPRETED": interpreted(), "GENERAL": True},
+                "GENERAL_ROWS": shape.general_rows, "INTERPRETED": interpreted(), "GENERAL": True, "KEYED": dithered},
                num_warps=shape.warps)
     return blob
 

@@ -198,9 +198,11 @@ def test_the_rehearsal_launched_every_kernel_variant_the_cuda_path_has(rehearsal
             for launch in launches}
     kernels = {kernel for kernel, _, _ in seen}
     assert kernels == {"encode_chunked_kernel", "decode_chunked_kernel", "encode_features_kernel",
-                       "decode_features_kernel", "pack_mask_kernel", "unpack_mask_kernel", "store_key_kernel"}
+                       "decode_features_kernel", "pack_mask_kernel", "unpack_mask_kernel"}
     dithered = {launch.kernel.rpartition(".")[2] for launch in launches if dict(launch.constants).get("DITHER")}
     assert dithered == {"decode_chunked_kernel", "decode_features_kernel"}
+    keyed = {launch.kernel.rpartition(".")[2] for launch in launches if dict(launch.constants).get("KEYED")}
+    assert keyed == {"encode_chunked_kernel", "encode_features_kernel"}  # a dithered blob's key: no launch of its own
     for bits in (1, 2, 3, 4, 8):
         for kernel, source in (("encode_chunked_kernel", "*fp32"), ("decode_chunked_kernel", "*u8"),
                                ("encode_features_kernel", "*bf16"), ("decode_features_kernel", "*u8")):

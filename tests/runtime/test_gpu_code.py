@@ -74,8 +74,8 @@ def test_every_variant_compiles_without_spills(variants):
     kernels = {row["kernel"].rpartition("(")[2].rstrip(")") for row in variants}
     assert kernels == {"encode_chunked_kernel", "decode_chunked_kernel", "encode_features_kernel",
                        "decode_features_kernel", "pack_mask_kernel", "unpack_mask_kernel"}
-    # dtypes x widths x (quantize, dequantize, dithered dequantize) x (contiguous, feature) + masks
-    assert len(variants) == 3 * 5 * 6 + 3
+    # dtypes x widths x (quantize, dequantize, each plain and dithered) x (contiguous, feature) + masks
+    assert len(variants) == 3 * 5 * 8 + 3
     for row in variants:
         assert not row["error"] and row["sass"] is not None, row
         assert row["sass"]["spills"] == 0, row["kernel"]
@@ -100,14 +100,22 @@ def test_inductor_launches_the_same_machine_code_where_the_kernels_are_traced(va
 def test_every_variant_fits_the_memory_speed_budget(variants):
     """All but the 16-bit dithered decodes (``rounding="dithered"``, not the default): drawing
     the noise again costs 9-10 instructions an element, which 24 has no room for (BENCHMARKS.md,
-    "GPU kernels, static")."""
+    "GPU kernels, static"). A dithered quantize is its plain twin plus the key, written by
+    program 0 alone (``finish_blob``), which the static count charges to every program: it
+    is held to its twin's budget plus a quarter of an instruction an element."""
+    plain = {(row["kernel"].replace(", dithered", ""), row["dtype"], row["bits"]): row["instructions_per_element"]
+             for row in variants if "dithered" not in row["kernel"]}
     over = []
     for row in variants:
-        if "dithered" in row["kernel"] and row["dtype"] != "float32":
+        if "dequantize" in row["kernel"] and "dithered" in row["kernel"] and row["dtype"] != "float32":
             continue
         budget = row["budget"] if "mask" in row["kernel"] else BUDGET[row["dtype"]]
-        if row["instructions_per_element"] > budget:
-            over.append(f"{row['kernel']} {row['dtype']} {row['bits']} bits: {row['instructions_per_element']:.1f} > {budget:.0f}")
+        count = row["instructions_per_element"]
+        if "dithered" in row["kernel"] and "dequantize" not in row["kernel"]:
+            twin = plain[(row["kernel"].replace(", dithered", ""), row["dtype"], row["bits"])]
+            count = twin if count - twin <= 0.25 else count
+        if count > budget:
+            over.append(f"{row['kernel']} {row['dtype']} {row['bits']} bits: {count:.1f} > {budget:.0f}")
     assert not over, "\n".join(over)
 
 
