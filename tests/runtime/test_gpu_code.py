@@ -130,7 +130,7 @@ def test_the_size_of_a_program_reaches_every_launch_the_block_size_table_compile
         with elements_per_program(size, size):
             launches = record_launches((torch.bfloat16, torch.float32), (2, 8))
         kernels = {what for what, _, _ in launches.values() if "mask" not in what}
-        assert len(kernels) == 6  # (quantize, dequantize, dithered dequantize) x (contiguous, feature)
+        assert len(kernels) == 8  # (quantize, dequantize, each plain and dithered) x (contiguous, feature)
         assert {_elements(launch) for launch, (what, _, _) in launches.items() if "mask" not in what} == {size}
     assert ELEMENTS_PER_PROGRAM == default
 
