@@ -69,7 +69,7 @@ class TrackedTensor:
     overhead_bytes: int = 0  # its blob's bytes beyond the codes below full precision: scales, minimums, key, tag
 
     def held_bytes(self, bits: int) -> float:
-        """What its blob holds at ``bits``."""
+        """What its blob holds at ``bits``, to within the codes' padding to 8 bytes."""
         if bits >= 8 * self.itemsize:
             return self.numel * self.itemsize
         return self.numel * bits / 8 + self.overhead_bytes
@@ -357,14 +357,15 @@ class GactController:
             self.settings.budget, region.baseline_bytes / held if held and region.baseline_bytes else math.nan,
             problem.variance([t.bits for t in adaptive]), histogram,
         )
-        if self.settings.budget == "bytes" and not region.infeasible_logged and held > 1.001 * self._allowed_bytes(region):
-            region.infeasible_logged = True
-            log.warning(
-                "gact: graph %d holds %.3gx fewer activation bytes, short of avg_bits=%.2f's %.3gx: its floors "
-                "and the tensors it holds at fixed widths alone take more",
-                region.index, region.baseline_bytes / held, self.settings.avg_bits,
-                region.baseline_bytes / self._allowed_bytes(region),
-            )
+        if self.settings.budget == "bytes" and not region.infeasible_logged:
+            allowed = self._allowed_bytes(region)
+            if held > 1.001 * allowed:
+                region.infeasible_logged = True
+                log.warning(
+                    "gact: graph %d holds %.3gx fewer activation bytes, short of avg_bits=%.2f's %.3gx: its floors "
+                    "and the tensors it holds at fixed widths alone take more",
+                    region.index, region.baseline_bytes / held, self.settings.avg_bits, region.baseline_bytes / allowed,
+                )
 
     def _budget(self, region: Region) -> float:
         """The solver's budget for the region's tensors, in code bits."""

@@ -24,12 +24,13 @@ from .tasks import lr_scale
 
 log = logging.getLogger("gact_fx.bench")
 
-# The solver at an average of bits with query and key floored at 4 bits, rotated and
-# debiased, dithered (docs/accuracy.md, "About 12x"); also warm-screened.
+# The solver's options with query and key floored at 4 bits, rotated and debiased,
+# dithered (docs/accuracy.md, "About 12x"); also warm-screened.
+_ROTATED = {"feature_groups": True, "gradient_metric": "relative", "nonlinear_bits": 4, "nonlinear_rotation": 32,
+            "rounding": "dithered", "debias_attention": True}
 ADAPTIVE_ROTATED = {
     f"adaptive {bits}, feature groups, relative metric, attention floor 4, dithered, debiased, q/k rotation 32": {
-        "avg_bits": bits, "feature_groups": True, "gradient_metric": "relative", "nonlinear_bits": 4,
-        "nonlinear_rotation": 32, "rounding": "dithered", "debias_attention": True}
+        "avg_bits": bits, **_ROTATED}
     for bits in (2.25, 2.5, 2.75)
 }
 
@@ -39,7 +40,7 @@ ADAPTIVE_ROTATED = {
 # default floor of 8, paid from the same bytes.
 ADAPTIVE_BYTES = {
     "adaptive 2.65 in bytes, feature groups, relative metric, attention floor 4, dithered, debiased, "
-    "q/k rotation 32": {**ADAPTIVE_ROTATED[next(iter(ADAPTIVE_ROTATED))], "avg_bits": 2.65, "budget": "bytes"},
+    "q/k rotation 32": {"avg_bits": 2.65, "budget": "bytes", **_ROTATED},
     "adaptive 2.65 in bytes, feature groups, relative metric, dithered": {
         "avg_bits": 2.65, "budget": "bytes", "feature_groups": True, "gradient_metric": "relative",
         "rounding": "dithered"},
