@@ -7,7 +7,10 @@ contiguous and feature-major groups of 256, masks) is recorded without running
 (``runtime.compile_check``) and read back with cuobjdump. The quantize kernels branch per
 program into a general path for groups holding special values or NaN; their
 instructions per element are counted on the plain path alone, compiled with that branch
-left out (``GENERAL=False``); registers and spills are the full kernel's.
+left out (``GENERAL=False``); registers and spills are the full kernel's. A dithered
+quantize's key is written once, by program 0 (``triton_common.finish_blob``): a static
+count would charge it to every program, so the plain path is compiled without it
+(``KEYED=False``) and a dithered quantize counts as its plain twin does.
 
 The budget (a static model, not a measurement): an H100 issues about 3.3e13 thread
 instructions a second and copies about 3.0 TB/s, so a kernel moving B bytes an element
@@ -147,7 +150,7 @@ def _compile(item: tuple[Launch, tuple, int]) -> Variant:
     plain = None
     if "GENERAL" in dict(launch.constants):
         plain_launch = dataclasses.replace(
-            launch, constants=tuple((k, False if k == "GENERAL" else v) for k, v in launch.constants))
+            launch, constants=tuple((k, False if k in ("GENERAL", "KEYED") else v) for k, v in launch.constants))
         plain = check(plain_launch, arch, read_sass=True).sass
     fusion = independent_of_fusion(launch, arch) if full.ok else None
     inductor = same_as_inductors_launch(launch, arch) if full.ok else None
