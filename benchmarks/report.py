@@ -211,6 +211,13 @@ TABLE_FILES = {
         "full-precision element over every byte the saved activations hold (`budget=\"bytes\"`: 12.1x on any "
         "model), relative metric, every tensor probed once, feature groups, dithered; query and key floored at 4 "
         "bits, rotated and debiased, or at their default floor of 8 bits, paid from the same bytes."),
+    **{f"format_variance_{name}.json": (
+        f"2-bit formats against today's: rounding variance on the {model}",
+        f"`benchmarks/format_variance.py --task {task} --name format_variance_{name}`: a static model of each "
+        "candidate format (closed-form rounding variance over the warm model's saved activations), not a gradient "
+        "measurement.")
+       for name, model, task in (("gpt", "char GPT", "charlm"), ("llama", "Llama", "charlm-llama"),
+                                 ("bert", "masked LM", "charlm-bert"))},
     "cpu_step_time_debiased.json": ("CPU step time with query and key at 4 bits, debiased",
                                     "`benchmarks/cpu_step_time.py --models char-gpt block --compilers inductor --bits 3 "
                                     "--dithered --debiased --name cpu_step_time_debiased`: `debias_attention` runs two "
