@@ -37,12 +37,16 @@ ADAPTIVE_ROTATED = {
 # The budget over every byte held (``AdaptiveConfig.budget``): 2.65 bits a full-precision
 # element is 12.1x fewer activation bytes than fp32, whatever the model's floors, masks and
 # rebuilt tensors; with query and key at 4 bits (rotated, debiased) as above, or at their
-# default floor of 8, paid from the same bytes.
+# default floor of 8, paid from the same bytes. 3.2 bits is 10x.
 ADAPTIVE_BYTES = {
     "adaptive 2.65 in bytes, feature groups, relative metric, attention floor 4, dithered, debiased, "
     "q/k rotation 32": {"avg_bits": 2.65, "budget": "bytes", **_ROTATED},
     "adaptive 2.65 in bytes, feature groups, relative metric, dithered": {
         "avg_bits": 2.65, "budget": "bytes", "feature_groups": True, "gradient_metric": "relative",
+        "rounding": "dithered"},
+    # 10x, a candidate for the default's level: query and key at their floor of 8, no debiasing
+    "adaptive 3.2 in bytes, feature groups, relative metric, dithered": {
+        "avg_bits": 3.2, "budget": "bytes", "feature_groups": True, "gradient_metric": "relative",
         "rounding": "dithered"},
 }
 
