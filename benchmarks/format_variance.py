@@ -29,11 +29,9 @@ import sys
 
 import torch
 
-from gact_fx.bench.tasks import TASKS
-
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
 from benchmarks._results import save_table  # noqa: E402
-from benchmarks.warm_gradient_error import warm_model  # noqa: E402
+from benchmarks.warm_gradient_error import warm_task  # noqa: E402
 
 GROUP = 256
 SPREAD = (0.3, 0.35, 0.375, 0.4, 0.45)  # the inner levels' place, as a share of the range
@@ -115,10 +113,7 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=300)
     parser.add_argument("--name", help="also write the table to benchmarks/results/NAME.json (for BENCHMARKS.md)")
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    task = TASKS[args.task]()
-    print(f"{args.task}: {args.warmup} fp32 steps ...", file=sys.stderr, flush=True)
-    model, batch, _ = warm_model(task, args.warmup)
+    task, model, batch, _ = warm_task(args.task, args.warmup)
     saved, activation_inputs = capture(model, batch, task.loss)
     act = "silu" if args.task == "charlm-llama" else "gelu"
     print(f"{len(saved)} saved activations, {len(activation_inputs)} {act} inputs", file=sys.stderr, flush=True)

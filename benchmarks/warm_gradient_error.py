@@ -128,6 +128,14 @@ def warm_model(task, steps: int):
     return model, task.batch(steps, generator), generator
 
 
+def warm_task(name: str, steps: int):
+    """One thread, the task ``name`` and ``warm_model`` of it, with a progress line."""
+    torch.set_num_threads(1)
+    task = TASKS[name]()
+    print(f"{name}: {steps} fp32 steps ...", file=sys.stderr, flush=True)
+    return (task, *warm_model(task, steps))
+
+
 def batch_gradient(model, task, batch) -> torch.Tensor:
     """The exact (fp32, uncompiled) flat gradient of one batch's loss."""
     (tokens,), targets = batch
@@ -176,10 +184,7 @@ def main(argv=None) -> None:
                         help="the minibatch noise is the gradient's variance over this many batches")
     parser.add_argument("--name", help="also write the table to benchmarks/results/NAME.json (for BENCHMARKS.md)")
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    task = TASKS[args.task]()
-    print(f"{args.task}: {args.warmup} fp32 steps ...", file=sys.stderr, flush=True)
-    model, batch, generator = warm_model(task, args.warmup)
+    task, model, batch, generator = warm_task(args.task, args.warmup)
     noise = minibatch_variance(model, task, generator, args.batches)
     exact = batch_gradient(model, task, batch)
     sizes = {name: p.numel() for name, p in model.named_parameters() if p.grad is not None}
