@@ -54,7 +54,8 @@ def stochastic_variance(groups: torch.Tensor, levels: torch.Tensor) -> torch.Ten
     return ((groups - low) * (high - groups)).clamp(min=0).sum()
 
 
-def uniform_levels(low: torch.Tensor, high: torch.Tensor, shares) -> torch.Tensor:
+def levels_at(low: torch.Tensor, high: torch.Tensor, shares) -> torch.Tensor:
+    """Each group's levels at ``shares`` (from 0 to 1) of its range from ``low`` to ``high``."""
     shares = torch.as_tensor(shares, dtype=torch.float64)
     return low + (high - low) * shares
 
@@ -118,8 +119,9 @@ def main(argv=None) -> int:
     act = "silu" if args.task == "charlm-llama" else "gelu"
     print(f"{len(saved)} saved activations, {len(activation_inputs)} {act} inputs", file=sys.stderr, flush=True)
 
-    def errors(tensors):
-        """Each format's error summed over the tensors, over the tensors' summed variance."""
+    def errors(tensors, derivative_levels: bool = False):
+        """Each format's error summed over the tensors, over the tensors' summed variance
+        (``derivative_levels``: also the levels a derivative's values suggest)."""
         totals, signal = {}, 0.0
         for x in tensors:
             groups = feature_groups(x)
@@ -130,31 +132,28 @@ def main(argv=None) -> int:
             signal += float(groups.var() * groups.numel())
             found = {
                 "uniform, stochastic (today's rounding)":
-                    stochastic_variance(groups, uniform_levels(low, high, (0, 1 / 3, 2 / 3, 1))),
+                    stochastic_variance(groups, levels_at(low, high, (0, 1 / 3, 2 / 3, 1))),
                 "uniform, dithered (today's `rounding=\"dithered\"`)": range_squared.sum() / 9 * GROUP / 12,
                 "3 bits, dithered (for scale)": range_squared.sum() / 49 * GROUP / 12,
                 "widths 1-4 chosen per group, 2 on average, dithered": per_group_widths(range_squared, 2),
             }
             for share in SPREAD:
                 found[f"levels at 0, {share}, {1 - share}, 1 of the range, stochastic"] = stochastic_variance(
-                    groups, uniform_levels(low, high, (0, share, 1 - share, 1)))
+                    groups, levels_at(low, high, (0, share, 1 - share, 1)))
+            if derivative_levels:
+                plateaus = torch.cat([low, low.clamp(min=0).minimum(high), high.clamp(max=1).maximum(low), high], 1)
+                terciles = torch.quantile(groups.float(), torch.tensor([1 / 3, 2 / 3]), dim=1).t().double()
+                found["levels at the plateaus: min, 0, 1, max, stochastic"] = stochastic_variance(
+                    groups, plateaus.sort(1)[0])
+                found["levels at the group's terciles (two more words a group), stochastic"] = stochastic_variance(
+                    groups, torch.cat([low, terciles, high], 1).sort(1)[0])
             for name, value in found.items():
                 totals[name] = totals.get(name, 0.0) + float(value)
         return {name: value / signal for name, value in totals.items()}
 
     rows = errors(saved)
     derivatives = [derivative(x.double(), act) for x in activation_inputs]
-    derivative_rows = errors(derivatives)
-    for d in derivatives:
-        groups = feature_groups(d)
-        low, high = groups.amin(1, keepdim=True), groups.amax(1, keepdim=True)
-        plateaus = torch.cat([low, low.clamp(min=0).minimum(high), high.clamp(max=1).maximum(low), high], 1).sort(1)[0]
-        terciles = torch.quantile(groups.float(), torch.tensor([1 / 3, 2 / 3]), dim=1).t().double()
-        signal = float(groups.var() * groups.numel()) * len(derivatives)
-        for name, levels in (("levels at the plateaus: min, 0, 1, max, stochastic", plateaus),
-                             ("levels at the group's terciles (two more words a group), stochastic",
-                              torch.cat([low, terciles, high], 1).sort(1)[0])):
-            derivative_rows[name] = derivative_rows.get(name, 0.0) + float(stochastic_variance(groups, levels)) / signal
+    derivative_rows = errors(derivatives, derivative_levels=True)
     base = rows["uniform, dithered (today's `rounding=\"dithered\"`)"]
     dbase = derivative_rows["uniform, dithered (today's `rounding=\"dithered\"`)"]
     lines = [f"{args.task} after {args.warmup} fp32 steps; 2-bit formats over feature groups of {GROUP} tokens; "

@@ -3,13 +3,13 @@
 import pytest
 import torch
 
-from benchmarks.format_variance import GROUP, feature_groups, per_group_widths, stochastic_variance, uniform_levels
+from benchmarks.format_variance import GROUP, feature_groups, per_group_widths, stochastic_variance, levels_at
 
 
 def test_stochastic_variance_is_the_mean_squared_error_of_unbiased_rounding():
     generator = torch.Generator().manual_seed(0)
     groups = torch.rand(4, 64, generator=generator, dtype=torch.float64)
-    levels = uniform_levels(groups.amin(1, keepdim=True), groups.amax(1, keepdim=True), (0, 0.35, 0.65, 1))
+    levels = levels_at(groups.amin(1, keepdim=True), groups.amax(1, keepdim=True), (0, 0.35, 0.65, 1))
     at = torch.searchsorted(levels.contiguous(), groups.contiguous(), right=True).clamp(1, 3)
     low, high = levels.gather(1, at - 1), levels.gather(1, at)
     up = (groups - low) / (high - low)
