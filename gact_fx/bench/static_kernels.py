@@ -4,10 +4,10 @@ memory-speed budget, with registers, spills, barriers and access widths.
 Each kernel variant the CUDA path launches for a large tensor (every width and dtype,
 contiguous and feature-major groups of 256, masks) is recorded without running
 (``runtime.launches.LaunchRecorder(run=False)``), compiled for sm_90
-(``runtime.compile_check``) and read back with cuobjdump. The quantize kernels branch per
-program into a general path for groups holding special values or NaN; their
-instructions per element are counted on the plain path alone, compiled with that branch
-left out (``GENERAL=False``); registers and spills are the full kernel's. A dithered
+(``runtime.compile_check``) and read back with cuobjdump. The quantize and dequantize
+kernels branch per program into a general path for groups holding special values or NaN;
+their instructions per element are counted on the plain path alone, compiled with that
+branch left out (``GENERAL=False``); registers and spills are the full kernel's. A dithered
 quantize's key is written once, by program 0 (``triton_common.finish_blob``): a static
 count would charge it to every program, so the plain path is compiled without it
 (``KEYED=False``) and a dithered quantize counts as its plain twin does.
@@ -200,7 +200,7 @@ def block_size_markdown(rows: list[Variant], arch: int = 90) -> str:
 
 def static_markdown(rows: list[Variant], arch: int = 90) -> str:
     lines = [f"Compiled for sm_{arch}, groups of {GROUP}, read with cuobjdump; instructions per element on the "
-             "plain path (quantize) against the memory-speed budget (11 x bytes moved); the share of copy "
+             "plain path (quantize, dequantize) against the memory-speed budget (11 x bytes moved); the share of copy "
              "bandwidth is that model's bound, not a measurement; warps / SM: how many an H100 SM holds at once "
              "with these registers (of 64). " + _fusion_note(rows) + "\n",
              "| kernel | dtype | bits | bytes / element | instructions / element | budget | predicted share of copy | "

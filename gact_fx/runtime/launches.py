@@ -74,7 +74,8 @@ def _specialise(value) -> tuple[str, bool]:
 
 
 # Constants whose value a GPU launch always takes, whatever the recording machine ran: the
-# kernels' ``INTERPRETED`` picks the interpreter's equivalent of an operation it runs slowly.
+# kernels' ``INTERPRETED`` picks the interpreter's equivalent of an operation it runs slowly
+# or rounds differently.
 GPU_CONSTANTS = {"INTERPRETED": False}
 
 

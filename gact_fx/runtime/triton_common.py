@@ -283,15 +283,16 @@ def max_nan(a, b):
 
 
 @triton.jit
-def round_to(values, dtype: tl.constexpr):
+def round_to(values, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
     """fp32 to ``dtype``, rounding to nearest even as torch does, NaN kept NaN.
 
-    Done by hand for bf16: the Triton interpreter truncates instead (compiled code rounds
-    to nearest even either way). The rounding carry would turn a NaN whose mantissa is all
-    ones (0x7FFFFFFF, what NVIDIA arithmetic returns for a NaN operand) into -0.0, so NaN
-    takes the canonical bf16 NaN.
+    Compiled code converts in hardware (``cvt.rn``, two values an instruction), which
+    rounds to nearest even. The Triton interpreter truncates to bf16 instead, so there
+    (``INTERPRETED``) it is done by hand; the rounding carry would turn a NaN whose mantissa
+    is all ones (0x7FFFFFFF, what NVIDIA arithmetic returns for a NaN operand) into -0.0,
+    so NaN takes the canonical bf16 NaN.
     """
-    if dtype == tl.bfloat16:
+    if INTERPRETED and dtype == tl.bfloat16:
         raw = values.to(tl.uint32, bitcast=True)
         raw = (raw + 0x7FFF + ((raw >> 16) & 1)) >> 16
         raw = tl.where(values != values, 0x7FC0, raw)

@@ -82,8 +82,13 @@ def _load_codes(codes_ptr, chunk, j, live, BITS: tl.constexpr, GROUP: tl.constex
 def decode_chunked_kernel(
     blob_ptr, out_ptr, numel, num_groups, DTYPE_MAX: tl.constexpr,
     BITS: tl.constexpr, GROUP: tl.constexpr, CHUNKS: tl.constexpr, BLOCK: tl.constexpr,
-    PARTIAL: tl.constexpr, WIDE: tl.constexpr, DITHER: tl.constexpr,
+    PARTIAL: tl.constexpr, WIDE: tl.constexpr, DITHER: tl.constexpr, INTERPRETED: tl.constexpr,
+    GENERAL: tl.constexpr = True,
 ):
+    """Contiguous groups into a 1-D tensor. ``GENERAL=False`` leaves out the branch for
+    groups with special values: for counting the plain path's instructions
+    (``runtime.compile_check``), never launched. ``INTERPRETED``: running under
+    ``TRITON_INTERPRET`` (``triton_common.round_to``)."""
     LEVELS: tl.constexpr = (1 << BITS) - 1
     BYTES: tl.constexpr = GROUP * BITS // 8
     g1 = program_groups(0, BLOCK, BLOCK, WIDE)
@@ -103,17 +108,17 @@ def decode_chunked_kernel(
     else:
         va = mul(ca.to(tl.float32), scale) + group_min  # (a NaN word, a poisoned group, decodes to NaN)
         vb = mul(cb.to(tl.float32), scale) + group_min
-    if tl.min(half_bits) < 0:  # a group with special values: code LEVELS is its special value
+    if GENERAL and tl.min(half_bits) < 0:  # a group with special values: code LEVELS is its special value
         va, vb = _with_special_values(va, vb, ca, cb, half_bits, DTYPE_MAX, LEVELS)
     first = g1[:, None, None] * GROUP + chunk[:, :, None] * 16 + j
     keep = live[:, :, None]
     dtype = out_ptr.dtype.element_ty
     if PARTIAL:
-        tl.store(out_ptr + first, round_to(va, dtype), mask=keep & (first < numel))
-        tl.store(out_ptr + first + 8, round_to(vb, dtype), mask=keep & (first + 8 < numel))
+        tl.store(out_ptr + first, round_to(va, dtype, INTERPRETED), mask=keep & (first < numel))
+        tl.store(out_ptr + first + 8, round_to(vb, dtype, INTERPRETED), mask=keep & (first + 8 < numel))
     else:
-        tl.store(out_ptr + first, round_to(va, dtype), mask=keep)
-        tl.store(out_ptr + first + 8, round_to(vb, dtype), mask=keep)
+        tl.store(out_ptr + first, round_to(va, dtype, INTERPRETED), mask=keep)
+        tl.store(out_ptr + first + 8, round_to(vb, dtype, INTERPRETED), mask=keep)
 
 
 @triton.jit
@@ -140,11 +145,12 @@ def _chunk_code(packed_a, packed_b, high_a, high_b, j, BITS: tl.constexpr):
 def decode_features_kernel(
     blob_ptr, out_ptr, num_groups, token_blocks, row_stride, DTYPE_MAX: tl.constexpr,
     BITS: tl.constexpr, GROUP: tl.constexpr, CHUNKS: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr,
-    DITHER: tl.constexpr,
+    DITHER: tl.constexpr, INTERPRETED: tl.constexpr, GENERAL: tl.constexpr = True,
 ):
     """Feature-major groups (``triton_encode.encode_features_kernel``'s) into a row-major
     [tokens, ``row_stride``] matrix: a program writes BLOCK features of one token block,
-    each thread a chunk's 16 tokens of a few features, written along the features."""
+    each thread a chunk's 16 tokens of a few features, written along the features.
+    ``GENERAL`` and ``INTERPRETED`` as in ``decode_chunked_kernel``."""
     LEVELS: tl.constexpr = (1 << BITS) - 1
     BYTES: tl.constexpr = GROUP * BITS // 8
     g1, features1, token_block = program_features(0, BLOCK, BLOCK, token_blocks, WIDE)
@@ -156,7 +162,7 @@ def decode_features_kernel(
     half_bits = half_bits[:, None]
     scale = scale[:, None]
     group_min = group_min[:, None]
-    any_special = tl.min(half_bits) < 0
+    any_special = GENERAL and tl.min(half_bits) < 0
     codes_ptr = blob_ptr + 4 * num_groups + g1[:, None] * BYTES
     high_a = tl.zeros([BLOCK, CHUNKS], tl.int32)
     high_b = tl.zeros([BLOCK, CHUNKS], tl.int32)
@@ -202,8 +208,8 @@ def decode_features_kernel(
             vb = mul(cb.to(tl.float32), scale) + group_min
         if any_special:
             va, vb = _with_special_values(va, vb, ca, cb, half_bits, DTYPE_MAX, LEVELS)
-        tl.store(out_ptr + (token + j) * row_stride + features, round_to(va, dtype), mask=live)
-        tl.store(out_ptr + (token + 8 + j) * row_stride + features, round_to(vb, dtype), mask=live)
+        tl.store(out_ptr + (token + j) * row_stride + features, round_to(va, dtype, INTERPRETED), mask=live)
+        tl.store(out_ptr + (token + 8 + j) * row_stride + features, round_to(vb, dtype, INTERPRETED), mask=live)
 
 
 @triton.jit

@@ -223,7 +223,8 @@ def dequantize(blob: torch.Tensor, numel: int, dtype: torch.dtype, group_size: i
                {"blob_ptr": blob, "out_ptr": out, "numel": numel, "num_groups": groups},
                {"DTYPE_MAX": _dtype_max(dtype), "BITS": bits,
                 "GROUP": group_size, "CHUNKS": shape.chunks, "BLOCK": shape.rows,
-                "PARTIAL": bool(numel % group_size != 0), "WIDE": bool(numel >= _INT32_LIMIT), "DITHER": dithered},
+                "PARTIAL": bool(numel % group_size != 0), "WIDE": bool(numel >= _INT32_LIMIT), "DITHER": dithered,
+                "INTERPRETED": interpreted(), "GENERAL": True},
                num_warps=shape.warps)
     return out
 
@@ -241,7 +242,8 @@ def dequantize_transposed(blob: torch.Tensor, tokens: int, features: int, dtype:
                 "token_blocks": token_blocks, "row_stride": features},
                {"DTYPE_MAX": _dtype_max(dtype), "BITS": bits,
                 "GROUP": group_size, "CHUNKS": shape.chunks, "BLOCK": shape.rows,
-                "WIDE": bool(tokens * features >= _INT32_LIMIT), "DITHER": dithered},
+                "WIDE": bool(tokens * features >= _INT32_LIMIT), "DITHER": dithered,
+                "INTERPRETED": interpreted(), "GENERAL": True},
                num_warps=shape.warps)
     return out
 
