@@ -14,6 +14,9 @@ the estimate unbiased:
   neighbours (dither needs even steps), ``a`` the best for these tensors;
 * widths of 1 to 4 bits chosen per group from its range (same average bits, dithered):
   what bits chosen finer than per tensor could buy within one tensor;
+* uniform dithered levels after a random-sign Hadamard rotation along the features
+  (``runtime.rotation``, blocks of 32 and 128), on every tensor, and on each tensor where it
+  lowers that tensor's error (what the adaptive solver could choose per tensor);
 * for the derivative a GELU or SiLU backward reads (``passes.derivatives`` saves it at
   low bits): levels at its plateaus (the group's min, 0, 1, max), and levels at each
   group's terciles (two more words a group).
@@ -32,9 +35,11 @@ import torch
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
 from benchmarks._results import save_table  # noqa: E402
 from benchmarks.warm_gradient_error import warm_task  # noqa: E402
+from gact_fx.runtime.rotation import rotate  # noqa: E402
 
 GROUP = 256
 SPREAD = (0.3, 0.35, 0.375, 0.4, 0.45)  # the inner levels' place, as a share of the range
+ROTATIONS = (32, 128)
 
 
 def feature_groups(x: torch.Tensor) -> torch.Tensor:
@@ -44,6 +49,21 @@ def feature_groups(x: torch.Tensor) -> torch.Tensor:
     if tokens == 0:
         return rows.new_zeros(0, GROUP)
     return rows[:tokens].reshape(tokens // GROUP, GROUP, -1).transpose(1, 2).reshape(-1, GROUP)
+
+
+def dithered_error(groups: torch.Tensor, bits: int = 2) -> torch.Tensor:
+    """Expected squared error of dithered rounding to ``2**bits`` uniform levels over each
+    group's range: a step's square over 12 an element."""
+    steps = (groups.amax(1) - groups.amin(1)) / (2 ** bits - 1)
+    return (steps ** 2).sum() * groups.shape[1] / 12
+
+
+def rotated_error(x: torch.Tensor, block: int) -> torch.Tensor | None:
+    """``dithered_error`` of ``x`` rotated along its features by ``block`` (the error rotates back
+    unchanged: the rotation is orthogonal); None where the features do not fill whole blocks."""
+    if x.shape[-1] % block:
+        return None
+    return dithered_error(feature_groups(rotate(x.float(), block)))
 
 
 def stochastic_variance(groups: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
@@ -130,16 +150,22 @@ def main(argv=None) -> int:
             low, high = groups.amin(1, keepdim=True), groups.amax(1, keepdim=True)
             range_squared = ((high - low) ** 2).flatten()
             signal += float(groups.var() * groups.numel())
+            dithered = dithered_error(groups)
             found = {
                 "uniform, stochastic (today's rounding)":
                     stochastic_variance(groups, levels_at(low, high, (0, 1 / 3, 2 / 3, 1))),
-                "uniform, dithered (today's `rounding=\"dithered\"`)": range_squared.sum() / 9 * GROUP / 12,
+                "uniform, dithered (today's `rounding=\"dithered\"`)": dithered,
                 "3 bits, dithered (for scale)": range_squared.sum() / 49 * GROUP / 12,
                 "widths 1-4 chosen per group, 2 on average, dithered": per_group_widths(range_squared, 2),
             }
             for share in SPREAD:
                 found[f"levels at 0, {share}, {1 - share}, 1 of the range, stochastic"] = stochastic_variance(
                     groups, levels_at(low, high, (0, share, 1 - share, 1)))
+            for block in ROTATIONS if not derivative_levels else ():
+                rotated = rotated_error(x, block)
+                rotated = dithered if rotated is None else rotated
+                found[f"uniform, dithered, rotation {block} on every tensor"] = rotated
+                found[f"uniform, dithered, rotation {block} where it lowers the tensor's error"] = min(rotated, dithered)
             if derivative_levels:
                 plateaus = torch.cat([low, low.clamp(min=0).minimum(high), high.clamp(max=1).maximum(low), high], 1)
                 terciles = torch.quantile(groups.float(), torch.tensor([1 / 3, 2 / 3]), dim=1).t().double()

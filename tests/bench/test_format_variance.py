@@ -3,7 +3,9 @@
 import pytest
 import torch
 
-from benchmarks.format_variance import GROUP, feature_groups, per_group_widths, stochastic_variance, levels_at
+from benchmarks.format_variance import (
+    GROUP, dithered_error, feature_groups, levels_at, per_group_widths, rotated_error, stochastic_variance,
+)
 
 
 def test_stochastic_variance_is_the_mean_squared_error_of_unbiased_rounding():
@@ -34,3 +36,27 @@ def test_feature_groups_hold_one_feature_over_whole_blocks_of_tokens():
     assert groups.shape == (2 * 3, GROUP)  # the 5 tokens past the last whole block are left out
     assert torch.equal(groups[1], -torch.arange(GROUP, dtype=torch.float64))
     assert feature_groups(x[:GROUP - 1]).shape == (0, GROUP)
+
+
+def test_dithered_error_is_the_mean_squared_error_of_dithered_rounding():
+    generator = torch.Generator().manual_seed(1)
+    groups = torch.randn(3, 64, generator=generator, dtype=torch.float64)
+    low, step = groups.amin(1, keepdim=True), (groups.amax(1, keepdim=True) - groups.amin(1, keepdim=True)) / 3
+    noise = torch.rand(20000, *groups.shape, generator=generator, dtype=torch.float64)
+    rounded = low + (torch.floor((groups - low) / step + noise) + 0.5 - noise) * step  # subtractive dither
+    expected = float(((rounded - groups) ** 2).mean(0).sum())
+    assert float(dithered_error(groups)) == pytest.approx(expected, rel=0.02)
+
+
+def test_a_rotation_lowers_the_error_of_heavy_tailed_features_and_not_of_gaussian_ones():
+    """Feature groups already give an outlier feature a group of its own; what a rotation along
+    the features narrows is each feature's tail against its spread (rare spikes, here one a
+    feature, at different tokens)."""
+    generator = torch.Generator().manual_seed(2)
+    gaussian = torch.randn(GROUP, 32, generator=generator, dtype=torch.float64)
+    spiky = 0.01 * gaussian.clone()
+    spiky[torch.randperm(GROUP, generator=generator)[:32], torch.arange(32)] = 10.0
+    plain = lambda x: float(dithered_error(feature_groups(x)))  # noqa: E731
+    assert float(rotated_error(spiky, 32)) < 0.3 * plain(spiky)
+    assert float(rotated_error(gaussian, 32)) == pytest.approx(plain(gaussian), rel=0.3)
+    assert rotated_error(gaussian[:, :31], 32) is None  # features short of a block
