@@ -13,12 +13,14 @@ independent of ``e``, gives on average ``g(x) + 2B`` each, to the same order, so
 
     2 g(x + e) - (g(x + e + z) + g(x + e - z)) / 2
 
-has mean ``g(x)`` up to fourth-order terms. With dithered rounding (``rounding="dithered"``)
+has mean ``g(x)`` up to higher-order terms. With dithered rounding (``rounding="dithered"``)
 the noise is uniform over one step of each group whatever the value, and decoding the
-same codes under another key (``gact::redither``) gives ``x + e'`` with ``e'`` independent
-of ``e``: ``z = (e' - e) / sqrt(2)`` has exactly ``e``'s covariance. Stochastic rounding's
-noise depends on the value, and its codes decode the same under any key, so the pass
-needs dithering.
+same codes under another key (``gact::redither``) gives ``x + e'``: ``z = (e' - e) / sqrt(2)``
+is the difference of the two draws' dither over sqrt(2), zero-mean with exactly ``e``'s
+covariance. It is not independent of ``e`` for a value at a fixed place between two
+levels, which leaves a third-order term; a ``z`` from two further keys, independent of
+``e``, measured no better (docs/accuracy.md). Stochastic rounding's noise depends on the
+value, and its codes decode the same under any key, so the pass needs dithering.
 
 ``debias_attention`` runs after the rewrite, on the backward graph: for each SDPA
 backward whose query or key is decoded from a blob, it decodes them again under other
