@@ -155,7 +155,7 @@ def main(argv=None) -> int:
                 "uniform, stochastic (today's rounding)":
                     stochastic_variance(groups, levels_at(low, high, (0, 1 / 3, 2 / 3, 1))),
                 "uniform, dithered (today's `rounding=\"dithered\"`)": dithered,
-                "3 bits, dithered (for scale)": range_squared.sum() / 49 * GROUP / 12,
+                "3 bits, dithered (for scale)": dithered_error(groups, 3),
                 "widths 1-4 chosen per group, 2 on average, dithered": per_group_widths(range_squared, 2),
             }
             for share in SPREAD:
