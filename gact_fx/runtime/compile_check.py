@@ -30,6 +30,7 @@ import logging
 import os
 import pathlib
 import re
+import struct
 import subprocess
 import sys
 import tempfile
@@ -164,10 +165,14 @@ def sass_stats(cubin: bytes) -> SassStats | None:
     return None if sass is None else parse_sass(sass, _disassemble(cubin, "-res-usage"))
 
 
+def _instructions(cubin: bytes) -> str | None:
+    sass = _disassemble(cubin, "-sass")
+    return None if sass is None else "\n".join(m.group(0) for m in _INSTRUCTION.finditer(sass))
+
+
 def machine_code(launch: Launch, arch: int) -> str | None:
     """A launch's SASS for ``sm_<arch>``, its instructions alone (``None`` without cuobjdump)."""
-    sass = _disassemble(compile_launch(launch, arch).asm["cubin"], "-sass")
-    return None if sass is None else "\n".join(m.group(0) for m in _INSTRUCTION.finditer(sass))
+    return _instructions(compile_launch(launch, arch).asm["cubin"])
 
 
 _INDUCTOR_COPIES = tempfile.TemporaryDirectory(prefix="gact_inductor_copies_")  # removed at exit
@@ -200,15 +205,45 @@ def inductors_copy(launch: Launch) -> Launch:
                                fp_fusion=True)
 
 
+def text_sections(cubin: bytes) -> bytes:
+    """The machine code in an ELF cubin: its ``.text.*`` sections, in the file's order.
+    Two compiles of one kernel differ elsewhere (the line table names the source file), so
+    equal machine code is compared here, where reading it back takes a disassembler's run."""
+    if cubin[:4] != b"\x7fELF" or cubin[4] != 2 or cubin[5] != 1:
+        raise ValueError("not a little-endian ELF64 cubin")
+    (table,) = struct.unpack_from("<Q", cubin, 0x28)
+    entry_size, count, names_index = struct.unpack_from("<HHH", cubin, 0x3A)
+
+    def section(index: int) -> tuple[int, int, int]:  # name offset, file offset, size
+        name, _, _, _, offset, size = struct.unpack_from("<IIQQQQ", cubin, table + index * entry_size)
+        return name, offset, size
+
+    _, names_offset, _ = section(names_index)
+    found = []
+    for index in range(count):
+        name, offset, size = section(index)
+        name = cubin[names_offset + name:cubin.index(b"\0", names_offset + name)]
+        if name.startswith(b".text."):
+            found.append(cubin[offset:offset + size])
+    return b"".join(found)
+
+
+def same_machine_code(first: Launch, second: Launch, arch: int) -> bool | None:
+    """Whether two launches compile to the same instructions for ``sm_<arch>`` (None where
+    they differ in bytes and there is no cuobjdump to say whether in instructions)."""
+    one, other = (compile_launch(launch, arch).asm["cubin"] for launch in (first, second))
+    if text_sections(one) == text_sections(other):
+        return True
+    code = _instructions(one)
+    return None if code is None else code == _instructions(other)
+
+
 def same_as_inductors_launch(launch: Launch, arch: int) -> bool | None:
     """Whether Inductor's launch of the kernel (``inductors_copy``) compiles to gact's own
-    launch's machine code, so writes the same blob (None without cuobjdump; False, logged,
-    where Inductor's launch does not compile)."""
-    code = machine_code(launch, arch)
-    if code is None:
-        return None
+    launch's machine code, so writes the same blob (False, logged, where Inductor's launch
+    does not compile)."""
     try:
-        return code == machine_code(inductors_copy(launch), arch)
+        return same_machine_code(launch, inductors_copy(launch), arch)
     except Exception as error:  # Triton's own error types vary between releases
         log.warning("Inductor's launch of %s does not compile: %s", launch.describe(), str(error).strip()[-500:])
         return False
@@ -219,9 +254,7 @@ def independent_of_fusion(launch: Launch, arch: int) -> bool | None:
     and an add into one rounding (its default, and what a launch by Inductor gets) as when
     it may not (gact's own launches): the format rounds them apart, so the blob must not
     depend on it (``triton_common.mul``)."""
-    fused = dataclasses.replace(launch, fp_fusion=not launch.fp_fusion)
-    code = machine_code(launch, arch)
-    return None if code is None else code == machine_code(fused, arch)
+    return same_machine_code(launch, dataclasses.replace(launch, fp_fusion=not launch.fp_fusion), arch)
 
 
 def check(launch: Launch, arch: int, *, read_sass: bool = False) -> CompileResult:

@@ -325,3 +325,45 @@ def test_warming_stops_at_its_limit_and_counts_what_it_left():
     launches = list(record_launches((torch.float32,), (2,)))
     report = warm(launches, workers=1, limit_s=0.0)  # past its limit before the first compile
     assert (report["launches"], report["unfinished"], report["failed"]) == (len(launches), len(launches), 0)
+
+
+MACHINE_CODE_SCRIPT = r"""
+import dataclasses, json, pathlib, re, sys, tempfile
+directory = tempfile.mkdtemp()
+pathlib.Path(directory, "toy_kernels.py").write_text('''
+import triton
+import triton.language as tl
+
+@triton.jit
+def multiply_add(a_ptr, b_ptr, c_ptr, out_ptr, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offsets, tl.load(a_ptr + offsets) * tl.load(b_ptr + offsets) + tl.load(c_ptr + offsets))
+''')
+sys.path.insert(0, directory)
+from gact_fx.runtime.compile_check import compile_launch, machine_code, same_machine_code, text_sections
+from gact_fx.runtime.launches import Launch
+
+pointers = tuple((name, "*fp32") for name in ("a_ptr", "b_ptr", "c_ptr", "out_ptr"))
+apart = Launch("toy_kernels.multiply_add", pointers + (("BLOCK", "constexpr"),), (("BLOCK", 1024),),
+               tuple(name for name, _ in pointers), 4, fp_fusion=False)
+fused = dataclasses.replace(apart, fp_fusion=True)
+code = machine_code(apart, 90)
+print(json.dumps({
+    "fusion": same_machine_code(apart, fused, 90), "again": same_machine_code(apart, apart, 90),
+    "fused_has_ffma": "FFMA" in machine_code(fused, 90), "apart_has_ffma": "FFMA" in code,
+    "text_instructions": len(text_sections(compile_launch(apart, 90).asm["cubin"])) // 16,
+    "disassembled": code.count(";"),
+}))
+"""
+
+
+def test_machine_code_compares_by_the_cubins_text_and_tells_a_fused_multiply_add_apart():
+    """``compile_check.same_machine_code`` compares the cubins' ``.text`` sections (every
+    instruction, 16 bytes each on sm_90), which is what lets the static report check each
+    variant without a disassembler's run per comparison: it must still see a difference."""
+    done = without_interpreter("-c", MACHINE_CODE_SCRIPT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["fused_has_ffma"] and not found["apart_has_ffma"]
+    assert found["fusion"] is False and found["again"] is True
+    assert found["text_instructions"] == found["disassembled"] > 0
