@@ -1,11 +1,12 @@
-# The two commands of the README: `make demo` and `make test` (and `make bench-quick`, the
-# benchmark smoke run into a temporary directory). All create the virtual environment on
-# first use: torch pinned to 2.13.0 (the local CPU wheel) by constraints.txt.
+# The two commands of the README: `make demo` and `make test` (and `make test-slow`, the
+# tests marked slow that `make test` leaves out; `make bench-quick`, the benchmark smoke
+# run into a temporary directory). All create the virtual environment on first use:
+# torch pinned to 2.13.0 (the local CPU wheel) by constraints.txt.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: demo test bench-quick clean
+.PHONY: demo test test-slow bench-quick clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +19,9 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q
+
+test-slow: $(VENV)/.installed  # the tests `make test` leaves out (marked slow); CI runs both
+	$(PY) -m pytest -q -m slow
 
 bench-quick: $(VENV)/.installed
 	$(PY) -m gact_fx.cli bench --quick --out "$$(mktemp -d)"

@@ -226,7 +226,7 @@ def test_exceptions_dynamo_would_fall_back_on_become_errors(monkeypatch):
         compiled(*inputs)
 
 
-@pytest.mark.parametrize("name", ["mlp", "conv"])
+@pytest.mark.parametrize("name", ["mlp", pytest.param("conv", marks=pytest.mark.slow)])
 def test_the_aten_lowering_through_inductor(name):
     model, inputs = model_case(name)
     (expected,), _ = compiled_grads(model, inputs, baseline_backend("inductor"))

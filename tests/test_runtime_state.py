@@ -97,7 +97,7 @@ def test_adaptive_bits_refuse_cuda_graph_modes(mode):
         compiled(*inputs)
 
 
-@pytest.mark.parametrize("lowering", ["op", "aten"])
+@pytest.mark.parametrize("lowering", ["op", pytest.param("aten", marks=pytest.mark.slow)])
 def test_every_sites_noise_state_exists_before_the_compiled_graph_first_runs(lowering, monkeypatch):
     # Under mode="reduce-overhead" the first call of a compiled graph is cudagraph trees'
     # warm-up, which allocates into the graph's private pool: a noise state made lazily

@@ -64,6 +64,7 @@ def test_the_triton_lowering_writes_the_ops_blobs(device, name, dtype):
         assert {"encode_features_kernel", "decode_features_kernel"} <= set(kernels)
 
 
+@pytest.mark.slow
 def test_dynamic_sizes_stay_symbolic_and_the_blobs_stay_the_ops(device):
     """One graph for every batch whose token counts fill the same groups, as the ops' graph."""
     from torch._dynamo.utils import counters

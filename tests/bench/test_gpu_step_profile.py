@@ -5,9 +5,12 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_step_profile.py"
 
 
+@pytest.mark.slow
 def test_a_dry_run_profiles_each_method_and_runs_the_planned_rows(tmp_path):
     subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--device", "cpu",
                     "--plan", "llama-like:gact 4 bit"], check=True, capture_output=True, timeout=600)

@@ -22,6 +22,7 @@ def quick_run(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_the_quick_run_measures_every_model_and_method(quick_run):
     data = json.loads((quick_run / "suite.json").read_text())
     assert {"device", "torch", "date", "command"} <= set(data["meta"]) and data["meta"]["quick"] is True
@@ -37,6 +38,7 @@ def test_the_quick_run_measures_every_model_and_method(quick_run):
         assert len(list(csv.DictReader(file))) == len(rows)
 
 
+@pytest.mark.slow
 def test_the_quick_run_trains_and_reports(quick_run):
     accuracy = json.loads((quick_run / "accuracy.json").read_text())
     assert accuracy["results"] and all(r["curve"] and 0 <= r["curve"][-1][1] <= 1 for r in accuracy["results"])
