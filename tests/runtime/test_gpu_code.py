@@ -328,7 +328,7 @@ def test_warming_stops_at_its_limit_and_counts_what_it_left():
 
 
 MACHINE_CODE_SCRIPT = r"""
-import dataclasses, json, pathlib, re, sys, tempfile
+import dataclasses, json, pathlib, sys, tempfile
 directory = tempfile.mkdtemp()
 pathlib.Path(directory, "toy_kernels.py").write_text('''
 import triton
