@@ -92,7 +92,7 @@ def test_a_dry_run_reports_every_part_even_when_one_outlives_its_limit(tmp_path)
     tests.write_text(SLOW_TESTS)
     out = tmp_path / "out"
     result = gpu_suite.run(out, device="cpu", scale="tiny", compiler="eager",
-                           budget={"tests": 10, "kernels": 120, "models": 240},  # tests: pytest starts in ~2 s here
+                           budget={"tests": 10, "kernels": 120, "models": 240},  # tests: time to start pytest and run the quick test
                            test_selection=[str(tests), "--rootdir", str(tests.parent)])
     written = json.loads((out / "gpu_suite.json").read_text())
     assert written == json.loads(json.dumps(result, default=str))

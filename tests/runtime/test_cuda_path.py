@@ -137,9 +137,8 @@ _FAILED: list[Exception] = []  # the rehearsal's error, once: the other tests fa
 def rehearsal():
     """Every case run through the Triton kernels once, and the launches they made.
 
-    Run by the first test that asks, in its body, not in a fixture's setup: there the
-    interpreter ran at less than half the speed (measured with pytest 8 and Triton 3.7
-    on the same cases; the cause was not found)."""
+    Run by the first test that asks, in its body, not in a fixture's setup: there pytest
+    ran the interpreter much more slowly, for a cause not found (session note, 2026-11-28)."""
     if _FAILED:
         pytest.fail(f"the rehearsal failed in an earlier test: {_FAILED[0]!r}")
     try:
