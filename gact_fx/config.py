@@ -231,12 +231,21 @@ class PassesConfig:
     more in the backward. Adaptive bits count its elements in the budget of the one
     that carries it."""
 
+    recompute_projections: bool = False
+    """Also stop saving a tensor that a matmul by a parameter computes from another saved
+    tensor (attention's value, from the normalised input the QKV projection's weight
+    gradient keeps) and rebuild it in the backward (``passes.affine``): that tensor's
+    bytes fewer, for the matmul again in the backward (with a fused QKV projection, all
+    of it). Only tensors the backward reads linearly, at no more bits than the one they
+    are rebuilt from; query and key keep their stored copies."""
+
     offload: bool = False
     """Keep the compressed blobs in CPU memory between forward and backward (GACT's L3),
     through torch's activation-offloading pass; on a CPU-only machine it changes nothing."""
 
     def __post_init__(self) -> None:
-        for name in ("save_derivatives", "recompute_attention", "recompute_affine", "debias_attention", "offload"):
+        for name in ("save_derivatives", "recompute_attention", "recompute_affine", "recompute_projections",
+                     "debias_attention", "offload"):
             _check_type(name, getattr(self, name), bool)
         if self.offload and not _compat.has_activation_offloading():
             raise ValueError(

@@ -121,16 +121,20 @@ def _rebuilt_rows(index: int, baseline: SavedGraph, saved: SavedGraph) -> list[S
     """Rows for the stock partition's saved tensors that the backward now rebuilds
     (``passes.affine``): held by nothing, so no bytes after."""
     still_saved = {v.node for v in saved.values}
+    counted = {v.path.root for v in saved.values if v.path is not None}  # each storage on one row
     rows = []
     for value in baseline.tensors:
         carrier = gact_meta(value.node).get(REBUILT_FROM)
         if carrier is None or value.node in still_saved:
             continue
         val = value.val
+        root = value.path.root if value.path is not None else value.node
+        before = 0 if root in counted else nbytes_of(root.meta["val"])
+        counted.add(root)
         rows.append(SavedTensorRow(
             graph=index, name=value.node.name, kind=str(value.kind), shape=tuple(layout_of(val).shape),
             dtype=_dtype_name(val), bits=None, stored=f"rebuilt in the backward from {carrier}",
-            bytes_before=nbytes_of(val), bytes_after=0, producer=_producer(value.node), source=value.node.name,
+            bytes_before=before, bytes_after=0, producer=_producer(value.node), source=value.node.name,
             stored_numel=0, label=_label(value.node, index),
         ))
     return rows

@@ -49,6 +49,10 @@ ADAPTIVE_BYTES = {
         "avg_bits": 3.2, "budget": "bytes", "feature_groups": True, "gradient_metric": "relative",
         "rounding": "dithered"},
 }
+# The same budgets with attention's value rebuilt from the QKV projection's input
+# (``recompute_projections``): its bytes go to the other tensors.
+ADAPTIVE_BYTES |= {f"{name}, projections rebuilt": {**options, "recompute_projections": True}
+                   for name, options in ADAPTIVE_BYTES.items() if options["avg_bits"] == 2.65}
 
 # The uniform methods name the groups they ran with before feature groups became the
 # default (contiguous), so that a method keeps one meaning across result files.
@@ -117,6 +121,10 @@ METHODS = {
     "3 bit, feature groups, attention floor 4, dithered, debiased, q/k rotation 32": {
         "bits": 3, "nonlinear_bits": 4, "nonlinear_rotation": 32, "feature_groups": True, "rounding": "dithered",
         "debias_attention": True},
+    # recompute_projections: attention's value rebuilt from the QKV projection's input
+    "3 bit, feature groups, dithered, projections rebuilt": {"bits": 3, "feature_groups": True, "rounding": "dithered",
+                                                             "recompute_projections": True},
+    "L1, feature groups, projections rebuilt": {"level": "L1", "feature_groups": True, "recompute_projections": True},
     **ADAPTIVE_ROTATED,
     **ADAPTIVE_BYTES,
 }  # gact options by level, for benchmarks/convergence.py

@@ -15,12 +15,22 @@ unbiased function of the rounded one: ``E[a * round(x) + b] = a * x + b``. The o
 operands must already reach the backward: saved tensors, parameters and buffers (saved
 in addition, at no cost), constants. Tensors the plan keeps exact are left alone, so
 32 bits stays bit-exact.
+
+``recompute_projections`` goes one step further, through matmuls by a parameter: a
+projection's output saved beside the input the projection's weight gradient already
+keeps (attention's value beside the normalised input of the QKV projection). The chain
+may then change size (the select of the value from a fused QKV output), and replaying it
+costs the matmul again in the backward: with a fused projection, all of it. Only tensors
+the backward reads linearly (``passes.uses``) and the plan would not store at more bits
+than their carrier are rebuilt this way: query and key, read through an exponential, keep
+their own stored copies and floors.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+import operator
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +42,7 @@ from .hoist import lossy_placeholders
 from .plan import CARRIES, REBUILT_FROM
 from .saved import SavedGraph, SavedKind
 from .section import SavedSection, finish, set_val
+from .uses import Use, classify_uses
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +58,7 @@ _VIEWS = frozenset({
 _EITHER_SIDE = frozenset({aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor})  # affine in either argument
 _FIRST_ONLY = frozenset({aten.div.Tensor, aten.add.Scalar, aten.sub.Scalar, aten.mul.Scalar, aten.div.Scalar,
                          aten.neg.default})  # affine in the first argument
+_MATMULS = frozenset({aten.mm.default, aten.addmm.default})  # ``recompute_projections``: by a parameter
 
 
 @dataclass(frozen=True)
@@ -55,6 +67,10 @@ class _Rebuild:
     carrier: int  # saved position of the tensor it is rebuilt from
     chain: tuple[fx.Node, ...]  # forward nodes from the carrier (excluded) to the rebuilt tensor
     operands: frozenset[fx.Node]  # forward nodes the chain also reads
+
+    @property
+    def through_matmul(self) -> bool:
+        return any(node.target in _MATMULS for node in self.chain)
 
 
 def _numel(node) -> int | torch.SymInt | None:
@@ -85,33 +101,74 @@ class _Finder:
         return (depth < MAX_CHAIN and node.op == "call_function" and node.target in _VIEWS
                 and all(self._operand_ok(a, depth + 1) for a in node.args))
 
-    def trace(self, node: fx.Node, numel) -> tuple[int, list[fx.Node], set[fx.Node]] | None:
-        """``(carrier position, chain, operands)`` if ``node`` is affine in one saved tensor."""
+    def _static(self, node, depth: int = 0) -> bool:
+        """``node`` is a parameter or buffer, or a view of one."""
+        if not isinstance(node, fx.Node):
+            return False
+        if node in self.static:
+            return True
+        return (depth < MAX_CHAIN and node.op == "call_function" and node.target in _VIEWS
+                and self._static(node.args[0], depth + 1))
+
+    def _matmul_input(self, node: fx.Node) -> fx.Node | None:
+        """The input of ``mm(a, b)`` or ``addmm(bias, a, b)`` that the other operands, all
+        parameters, multiply."""
+        if node.target is aten.addmm.default and not self._static(node.args[0]):
+            return None
+        a, b = node.args[-2:]
+        if self._static(b) and not self._static(a):
+            return a
+        if self._static(a) and not self._static(b):
+            return b
+        return None
+
+    def trace(self, node: fx.Node, numel, through_matmuls: bool = False) -> tuple[int, list[fx.Node], set[fx.Node]] | None:
+        """``(carrier position, chain, operands)`` if ``node`` is affine in one saved tensor.
+        ``through_matmuls``: also through views that change the size and matmuls by a
+        parameter; every elementwise op still reads its carrier at its own size."""
         chain: list[fx.Node] = []
         operands: set[fx.Node] = set()
         while len(chain) < MAX_CHAIN:
             if chain and node in self.saved_position:
                 return self.saved_position[node], chain[::-1], operands
-            if node.op != "call_function" or node.kwargs and node.target not in _VIEWS or not _same_numel(node, numel):
+            if node.op != "call_function" or node.kwargs and node.target not in _VIEWS:
+                return None
+            if through_matmuls and _unbound(node):  # getitem(unbind(x)): a select of x
+                chain += [node, node.args[0]]
+                node = node.args[0].args[0]
+                continue
+            size = _numel(node) if through_matmuls else numel
+            if size is None or not _same_numel(node, numel) and not through_matmuls:
                 return None
             tensors = [a for a in node.args if isinstance(a, fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)]
-            if node.target in _VIEWS or node.target in _FIRST_ONLY:
-                sides = [node.args[0]]
-            elif node.target in _EITHER_SIDE:
-                sides = [a for a in node.args[:2] if isinstance(a, fx.Node)]
+            if through_matmuls and node.target in _MATMULS:
+                carrier = self._matmul_input(node)
+            elif through_matmuls and node.target in _VIEWS:
+                carrier = node.args[0] if all(self._operand_ok(o) for o in node.args[1:]) else None
             else:
-                return None
-            carrier = next(
-                (a for a in sides if _same_numel(a, numel)
-                 and all(self._operand_ok(o) for o in node.args if o is not a)),
-                None,
-            )
-            if carrier is None or sum(1 for t in tensors if t is carrier) != 1:
+                if node.target in _VIEWS or node.target in _FIRST_ONLY:
+                    sides = [node.args[0]]
+                elif node.target in _EITHER_SIDE:
+                    sides = [a for a in node.args[:2] if isinstance(a, fx.Node)]
+                else:
+                    return None
+                carrier = next(
+                    (a for a in sides if _same_numel(a, size)
+                     and all(self._operand_ok(o) for o in node.args if o is not a)),
+                    None,
+                )
+            if not isinstance(carrier, fx.Node) or sum(1 for t in tensors if t is carrier) != 1:
                 return None
             chain.append(node)
             operands |= {t for t in tensors if t is not carrier}
             node = carrier
         return None
+
+
+def _unbound(node: fx.Node) -> bool:
+    """``node`` is ``getitem(unbind(x, dim), i)``."""
+    unbind = node.args[0] if node.target is operator.getitem and node.args else None
+    return isinstance(unbind, fx.Node) and unbind.op == "call_function" and unbind.target is aten.unbind.int
 
 
 def _view_roots(node: fx.Node) -> set[fx.Node]:
@@ -126,8 +183,12 @@ def _view_roots(node: fx.Node) -> set[fx.Node]:
     return roots
 
 
-def find_rebuilds(saved: SavedGraph, quantized: Collection[int] | None, static: set[fx.Node]) -> list[_Rebuild]:
-    """The lossy saved tensors to rebuild, none of them the carrier or an operand of another."""
+def find_rebuilds(saved: SavedGraph, quantized: Collection[int] | None, static: set[fx.Node], *,
+                  through_matmuls: bool = False,
+                  eligible: Callable[[int, int], bool] | None = None) -> list[_Rebuild]:
+    """The lossy saved tensors to rebuild, none of them the carrier or an operand of another.
+    ``through_matmuls``: only the rebuilds through a matmul by a parameter, and of those
+    only the ones ``eligible(position, carrier)`` allows."""
     finder = _Finder(saved, static)
     lossy = lossy_placeholders(saved, quantized)
     viewed = {v.path.root for v in saved.tensors if v.path is not None and v.path.is_view}  # storage still held
@@ -138,7 +199,7 @@ def find_rebuilds(saved: SavedGraph, quantized: Collection[int] | None, static: 
             continue
         if value.node in viewed:
             continue
-        traced = finder.trace(value.node, numel)
+        traced = finder.trace(value.node, numel, through_matmuls)
         if traced is None:
             continue
         carrier, chain, operands = traced
@@ -146,7 +207,11 @@ def find_rebuilds(saved: SavedGraph, quantized: Collection[int] | None, static: 
         reads = set().union(*(_view_roots(o) for o in operands)) if operands else set()
         if carrier_node in reads or saved.values[carrier].val.dtype not in FLOAT_DTYPES:
             continue  # the carrier twice: no longer affine
-        found.append(_Rebuild(value.position, carrier, tuple(chain), frozenset(reads)))
+        rebuild = _Rebuild(value.position, carrier, tuple(chain), frozenset(reads))
+        if through_matmuls and not (rebuild.through_matmul and eligible is not None
+                                    and eligible(value.position, carrier)):
+            continue
+        found.append(rebuild)
     kept: list[_Rebuild] = []
     dropped: set[int] = set()
     needed: set[int] = set()
@@ -170,7 +235,31 @@ def recompute_affine(
     """Rewrite in place; returns the number of saved tensors now rebuilt in the backward.
     ``quantized``: the positions the plan will store lossy; ``static``: the forward's
     parameter and buffer placeholders."""
-    rebuilds = find_rebuilds(saved, quantized, set(static))
+    return _rebuild(fw, bw, saved, find_rebuilds(saved, quantized, set(static)))
+
+
+def recompute_projections(
+    fw: fx.GraphModule,
+    bw: fx.GraphModule,
+    saved: SavedGraph,
+    bits: Mapping[int, int],
+    quantized: Collection[int] | None = None,
+    static: Collection[fx.Node] = (),
+) -> int:
+    """``recompute_affine`` through matmuls by a parameter, for the tensors the backward
+    reads linearly and the plan (``bits``, by position) stores at no more bits than
+    their carrier. Returns the number of saved tensors now rebuilt in the backward."""
+    uses = classify_uses(bw, [v.bw_placeholder for v in saved.tensors])
+
+    def eligible(position: int, carrier: int) -> bool:
+        linear = uses[saved.values[position].bw_placeholder].use <= Use.LINEAR
+        return linear and position in bits and carrier in bits and bits[position] <= bits[carrier]
+
+    return _rebuild(fw, bw, saved, find_rebuilds(saved, quantized, set(static), through_matmuls=True,
+                                                 eligible=eligible))
+
+
+def _rebuild(fw: fx.GraphModule, bw: fx.GraphModule, saved: SavedGraph, rebuilds: list[_Rebuild]) -> int:
     if not rebuilds:
         return 0
     section = SavedSection(fw, bw, saved)
@@ -210,8 +299,8 @@ def recompute_affine(
         carried = carrier.node.meta.setdefault("gact", {})
         carried[CARRIES] = carried.get(CARRIES, 0) + hint(_numel(entry.fw_node))
         entry.fw_node.meta.setdefault("gact", {})[REBUILT_FROM] = carrier.node.name
-        log.debug("gact: %s rebuilt in the backward from %s (%d ops)", entry.fw_node.name, carrier.node.name,
-                  len(rebuild.chain))
+        log.debug("gact: %s rebuilt in the backward from %s (%d ops%s)", entry.fw_node.name, carrier.node.name,
+                  len(rebuild.chain), ", through a matmul" if rebuild.through_matmul else "")
     section.commit()
     finish(fw, bw, saved.num_fwd_outputs)
     return len(rebuilds)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch.fx as fx
 
-from .affine import recompute_affine
+from .affine import recompute_affine, recompute_projections
 from .attention import recompute_attention_outputs
 from .derivatives import COARSE_BITS, hoist_derivatives
 from .hoist import hoist_comparisons, hoist_exponentials
@@ -105,6 +105,10 @@ SECTION_PASSES = (
     GraphPass("recompute affine", lambda switches: switches.recompute_affine,
               lambda ctx: recompute_affine(ctx.fw, ctx.bw, ctx.saved, ctx.lossy(overridden=False),
                                            static=static_placeholders(ctx.fw, ctx.static_indices))),
+    GraphPass("recompute projections", lambda switches: switches.recompute_projections,
+              lambda ctx: recompute_projections(ctx.fw, ctx.bw, ctx.saved, ctx.planned_bits(ctx.saved, True),
+                                                ctx.lossy(overridden=False),
+                                                static=static_placeholders(ctx.fw, ctx.static_indices))),
 )
 
 

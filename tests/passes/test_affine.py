@@ -8,7 +8,7 @@ from gact_fx.passes.affine import recompute_affine
 from gact_fx.passes.saved import find_saved
 from gact_fx.runtime.ops import blob_nbytes
 
-from ..helpers import flat_grad, relative_error, squared_loss_grad
+from ..helpers import TransformerBlock, flat_grad, relative_error, squared_loss_grad
 from .graphs import Builder, FakeTensorMode, aten
 
 
@@ -143,3 +143,92 @@ def test_a_dynamic_batch_is_rebuilt_without_specialising_it():
         assert relative_error(flat_grad(model), squared_loss_grad(pre_norm(), x)) < 2e-2
     assert counters["stats"]["unique_graphs"] == 1
     assert [r for r in backend.report().rows if r.stored.startswith("rebuilt in the backward from ")]
+
+
+# ``recompute_projections``: through a matmul by a parameter (attention's value).
+XS = torch.randn(8, 32, 64, generator=torch.Generator().manual_seed(1))
+
+
+def block() -> TransformerBlock:
+    torch.manual_seed(0)
+    return TransformerBlock()
+
+
+def block_step(model=None, **options):
+    """The backend, the report and the gradient of one step of ``block()(XS).pow(2).sum()``."""
+    torch._dynamo.reset()
+    backend = gact_fx.backend(compiler="eager", min_numel=0, **options)
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    model = model or block()
+    model.zero_grad(set_to_none=True)
+    torch.compile(model, backend=backend, fullgraph=True)(XS).pow(2).sum().backward()
+    assert counters["stats"]["unique_graphs"] == 1
+    return backend, backend.report(), flat_grad(model)
+
+
+def rebuilt_rows(report):
+    return [r for r in report.rows if r.stored.startswith("rebuilt in the backward from ")]
+
+
+def test_the_value_is_rebuilt_through_the_qkv_projection_one_blob_fewer():
+    _, on, grad = block_step(bits=8, recompute_projections=True)
+    _, off, _ = block_step(bits=8)
+    extra = {(r.name, r.shape) for r in rebuilt_rows(on)} - {(r.name, r.shape) for r in rebuilt_rows(off)}
+    assert extra == {("select_2", (8, 4, 32, 16))}  # the value; query and key (read through exp) stay stored
+    (value,) = [r for r in rebuilt_rows(on) if r.name == "select_2"]
+    assert value.bytes_before == 0  # a view of the QKV output, whose bytes the query's row counts
+    assert {r.name for r in on.rows if r.use == "exponential"} == {"select", "select_1"}
+    value_blob = blob_nbytes(8 * 32 * 64, torch.float32, 8, 256)
+    assert on.activation_bytes_after == off.activation_bytes_after - value_blob
+    assert on.activation_bytes_before == off.activation_bytes_before
+    assert relative_error(grad, squared_loss_grad(block(), XS)) < 2e-2
+
+
+def test_projections_are_not_rebuilt_by_default_nor_at_32_bits():
+    _, report, _ = block_step(bits=8)
+    assert not [r for r in rebuilt_rows(report) if r.name == "select_2"]
+    _, report, grad = block_step(bits=32, recompute_projections=True)
+    _, _, baseline = block_step(enabled=False)
+    assert not rebuilt_rows(report)
+    assert torch.equal(grad, baseline)
+
+
+def test_a_value_stored_at_more_bits_than_its_carrier_is_not_rebuilt_from_it():
+    _, report, _ = block_step(bits=8, recompute_projections=True, overrides={"input": 2})  # the carrier
+    assert not [r for r in rebuilt_rows(report) if r.name == "select_2"]
+    assert {r.name: r.bits for r in report.rows if r.bits}["select_2"] == 8
+    _, report, _ = block_step(bits=2, recompute_projections=True, overrides={"qkv:linear[[]2]": 8})  # the value
+    assert {r.name: r.bits for r in report.rows if r.bits}["select_2"] == 8
+
+
+def test_the_rebuilt_value_keeps_2_bits_unbiased():
+    model = block()
+    backend = gact_fx.backend(compiler="eager", min_numel=0, bits=2, recompute_projections=True)
+    torch._dynamo.reset()
+    step = torch.compile(model, backend=backend, fullgraph=True)
+    draws = []
+    for _ in range(16):
+        model.zero_grad(set_to_none=True)
+        step(XS).pow(2).sum().backward()
+        draws.append(flat_grad(model))
+    assert [r for r in rebuilt_rows(backend.report()) if r.name == "select_2"]
+    exact = squared_loss_grad(block(), XS)
+    single = sum(relative_error(d, exact) for d in draws) / len(draws)
+    assert relative_error(torch.stack(draws).mean(0), exact) <= 1.5 * single / len(draws) ** 0.5
+
+
+def test_a_dynamic_batch_rebuilds_the_value_without_specialising_it():
+    torch._dynamo.reset()
+    backend = gact_fx.backend(compiler="eager", min_numel=0, bits=8, recompute_projections=True)
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    model = block()
+    step = torch.compile(model, backend=backend, fullgraph=True, dynamic=True)
+    for batch in (8, 3, 5):
+        x = XS[:batch].clone()
+        model.zero_grad(set_to_none=True)
+        step(x).pow(2).sum().backward()
+        assert relative_error(flat_grad(model), squared_loss_grad(block(), x)) < 2e-2
+    assert counters["stats"]["unique_graphs"] == 1
+    assert [r for r in rebuilt_rows(backend.report()) if r.name == "select_2"]

@@ -11,13 +11,15 @@ STAGES = ["plan", "rewrite"]
 
 def test_each_enabled_pass_and_stage_leaves_a_record_in_order():
     model, inputs = model_case("block")
-    backend = gact_fx.backend(bits=2)
+    backend = gact_fx.backend(bits=2, recompute_projections=True)  # the one section pass off by default
     compiled_grads(model, inputs, backend)
     (record,) = backend.records
     assert [run.name for run in record.passes] == [p.name for p in SECTION_PASSES] + STAGES
     affine = next(run for run in record.passes if run.name == "recompute affine")
     # the LayerNorm outputs it rebuilds are no longer saved in full precision
     assert affine.changed and affine.bytes_after < affine.bytes_before
+    projections = next(run for run in record.passes if run.name == "recompute projections")
+    assert projections.changed  # attention's value: a view of the QKV output, whose storage query still holds
     unchanged = [run for run in record.passes if run.bytes_before is not None and not run.changed]
     assert all(run.bytes_after == run.bytes_before for run in unchanged)
     assert sum(run.seconds for run in record.passes) <= record.pass_seconds
