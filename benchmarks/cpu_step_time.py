@@ -10,6 +10,7 @@ in the same run. Prints a Markdown table (and writes JSON with --json).
     python benchmarks/cpu_step_time.py --models char-gpt block --compilers inductor --bits 3 --rotation 32 --name cpu_step_time_rotation
     python benchmarks/cpu_step_time.py --models char-gpt block --compilers inductor --bits 3 --dithered --name cpu_step_time_dithered
     python benchmarks/cpu_step_time.py --models char-gpt block --compilers inductor --bits 3 --dithered --debiased --name cpu_step_time_debiased
+    python benchmarks/cpu_step_time.py --models char-gpt block --compilers inductor --bits 3 --dithered --projections --name cpu_step_time_projections
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ def main(argv=None):
     parser.add_argument("--dithered", action="store_true", help="also measure each width with rounding='dithered'")
     parser.add_argument("--debiased", action="store_true", help="also measure each width dithered with query and key "
                         "at 4 bits, without and with debias_attention")
+    parser.add_argument("--projections", action="store_true", help="also measure each width with "
+                        "recompute_projections (dithered, with --dithered)")
     parser.add_argument("--name", default="cpu_step_time", help="results file stem")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -107,6 +110,9 @@ def main(argv=None):
                 floor4 = {"rounding": "dithered", "nonlinear_bits": 4}
                 variants[", dithered, query and key at 4"] = floor4
                 variants[", dithered, query and key at 4, debiased"] = floor4 | {"debias_attention": True}
+            if args.projections:
+                dithered = {"rounding": "dithered"} if args.dithered else {}
+                variants[", dithered" * bool(dithered) + ", projections rebuilt"] = dithered | {"recompute_projections": True}
             for bits in args.bits:
                 for suffix, options in variants.items():
                     backend = gact_fx.backend(bits=bits, compiler=compiler, lowering=args.lowering, **options)

@@ -218,6 +218,14 @@ TABLE_FILES = {
         "measurement.")
        for name, model, task in (("gpt", "char GPT", "charlm"), ("llama", "Llama", "charlm-llama"),
                                  ("bert", "masked LM", "charlm-bert"))},
+    **{f"warm_gradient_error_projections_{name}.json": (
+        f"Gradient error: attention's value rebuilt from the QKV projection's input, on the {model}",
+        f"`benchmarks/warm_gradient_error.py --task {task} --draws 16 --configs ... --name "
+        f"warm_gradient_error_projections_{name}`: each configuration with and without `recompute_projections`, "
+        "after 300 fp32 steps; the adaptive one at 2.65 bits over every byte held (12.1x on any model), so the "
+        "value's bytes go to the other tensors.")
+       for name, model, task in (("gpt", "char GPT", "charlm"), ("llama", "Llama", "charlm-llama"),
+                                 ("bert", "masked LM", "charlm-bert"))},
     "cpu_step_time_debiased.json": ("CPU step time with query and key at 4 bits, debiased",
                                     "`benchmarks/cpu_step_time.py --models char-gpt block --compilers inductor --bits 3 "
                                     "--dithered --debiased --name cpu_step_time_debiased`: `debias_attention` runs two "
