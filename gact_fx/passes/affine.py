@@ -138,7 +138,7 @@ class _Finder:
                 node = node.args[0].args[0]
                 continue
             size = _numel(node) if through_matmuls else numel
-            if size is None or not _same_numel(node, numel) and not through_matmuls:
+            if size is None or not _same_numel(node, size):
                 return None
             tensors = [a for a in node.args if isinstance(a, fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)]
             if through_matmuls and node.target in _MATMULS:
@@ -185,7 +185,7 @@ def _view_roots(node: fx.Node) -> set[fx.Node]:
 
 def find_rebuilds(saved: SavedGraph, quantized: Collection[int] | None, static: set[fx.Node], *,
                   through_matmuls: bool = False,
-                  eligible: Callable[[int, int], bool] | None = None) -> list[_Rebuild]:
+                  eligible: Callable[[int, int], bool] = lambda position, carrier: True) -> list[_Rebuild]:
     """The lossy saved tensors to rebuild, none of them the carrier or an operand of another.
     ``through_matmuls``: only the rebuilds through a matmul by a parameter, and of those
     only the ones ``eligible(position, carrier)`` allows."""
@@ -208,8 +208,7 @@ def find_rebuilds(saved: SavedGraph, quantized: Collection[int] | None, static: 
         if carrier_node in reads or saved.values[carrier].val.dtype not in FLOAT_DTYPES:
             continue  # the carrier twice: no longer affine
         rebuild = _Rebuild(value.position, carrier, tuple(chain), frozenset(reads))
-        if through_matmuls and not (rebuild.through_matmul and eligible is not None
-                                    and eligible(value.position, carrier)):
+        if through_matmuls and not (rebuild.through_matmul and eligible(value.position, carrier)):
             continue
         found.append(rebuild)
     kept: list[_Rebuild] = []

@@ -76,16 +76,21 @@ def pre_norm() -> PreNorm:
     return PreNorm()
 
 
-def compile_step(**options):
-    """The report and the gradient of one step of ``pre_norm()(X).pow(2).sum()``."""
+def one_graph_step(make_model, x, **options):
+    """The report and the gradient of one step of ``make_model()(x).pow(2).sum()``,
+    compiled as one graph."""
     torch._dynamo.reset()
     backend = gact_fx.backend(compiler="eager", min_numel=0, **options)
     counters = torch._dynamo.utils.counters
     counters.clear()
-    model = pre_norm()
-    torch.compile(model, backend=backend, fullgraph=True)(X).pow(2).sum().backward()
+    model = make_model()
+    torch.compile(model, backend=backend, fullgraph=True)(x).pow(2).sum().backward()
     assert counters["stats"]["unique_graphs"] == 1
-    return backend.report(), torch.cat([p.grad.flatten() for p in model.parameters()])
+    return backend.report(), flat_grad(model)
+
+
+def compile_step(**options):
+    return one_graph_step(pre_norm, X, **options)
 
 
 def test_a_layer_norm_output_is_rebuilt_from_its_normalised_input_one_blob_fewer():
@@ -154,17 +159,8 @@ def block() -> TransformerBlock:
     return TransformerBlock()
 
 
-def block_step(model=None, **options):
-    """The backend, the report and the gradient of one step of ``block()(XS).pow(2).sum()``."""
-    torch._dynamo.reset()
-    backend = gact_fx.backend(compiler="eager", min_numel=0, **options)
-    counters = torch._dynamo.utils.counters
-    counters.clear()
-    model = model or block()
-    model.zero_grad(set_to_none=True)
-    torch.compile(model, backend=backend, fullgraph=True)(XS).pow(2).sum().backward()
-    assert counters["stats"]["unique_graphs"] == 1
-    return backend, backend.report(), flat_grad(model)
+def block_step(**options):
+    return one_graph_step(block, XS, **options)
 
 
 def rebuilt_rows(report):
@@ -172,8 +168,8 @@ def rebuilt_rows(report):
 
 
 def test_the_value_is_rebuilt_through_the_qkv_projection_one_blob_fewer():
-    _, on, grad = block_step(bits=8, recompute_projections=True)
-    _, off, _ = block_step(bits=8)
+    on, grad = block_step(bits=8, recompute_projections=True)
+    off, _ = block_step(bits=8)
     extra = {(r.name, r.shape) for r in rebuilt_rows(on)} - {(r.name, r.shape) for r in rebuilt_rows(off)}
     assert extra == {("select_2", (8, 4, 32, 16))}  # the value; query and key (read through exp) stay stored
     (value,) = [r for r in rebuilt_rows(on) if r.name == "select_2"]
@@ -186,19 +182,19 @@ def test_the_value_is_rebuilt_through_the_qkv_projection_one_blob_fewer():
 
 
 def test_projections_are_not_rebuilt_by_default_nor_at_32_bits():
-    _, report, _ = block_step(bits=8)
+    report, _ = block_step(bits=8)
     assert not [r for r in rebuilt_rows(report) if r.name == "select_2"]
-    _, report, grad = block_step(bits=32, recompute_projections=True)
-    _, _, baseline = block_step(enabled=False)
+    report, grad = block_step(bits=32, recompute_projections=True)
+    _, baseline = block_step(enabled=False)
     assert not rebuilt_rows(report)
     assert torch.equal(grad, baseline)
 
 
 def test_a_value_stored_at_more_bits_than_its_carrier_is_not_rebuilt_from_it():
-    _, report, _ = block_step(bits=8, recompute_projections=True, overrides={"input": 2})  # the carrier
+    report, _ = block_step(bits=8, recompute_projections=True, overrides={"input": 2})  # the carrier
     assert not [r for r in rebuilt_rows(report) if r.name == "select_2"]
     assert {r.name: r.bits for r in report.rows if r.bits}["select_2"] == 8
-    _, report, _ = block_step(bits=2, recompute_projections=True, overrides={"qkv:linear[[]2]": 8})  # the value
+    report, _ = block_step(bits=2, recompute_projections=True, overrides={"qkv:linear[[]2]": 8})  # the value
     assert {r.name: r.bits for r in report.rows if r.bits}["select_2"] == 8
 
 
