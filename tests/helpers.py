@@ -143,6 +143,38 @@ def one_gact_step(model: nn.Module, x: torch.Tensor, compiler: str = "eager", **
     return compressions, flat_grad(model)
 
 
+def one_graph_step(make_model, x, **options):
+    """The report and the gradient of one step of ``make_model()(x).pow(2).sum()``,
+    compiled as one graph."""
+    torch._dynamo.reset()
+    backend = gact_fx.backend(compiler="eager", min_numel=0, **options)
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    model = make_model()
+    torch.compile(model, backend=backend, fullgraph=True)(x).pow(2).sum().backward()
+    assert counters["stats"]["unique_graphs"] == 1
+    return backend.report(), flat_grad(model)
+
+
+def dynamic_batch_steps(make_model, x, batches=(8, 3, 5), **options) -> gact_fx.GactBackend:
+    """One gact compile with ``dynamic=True`` of ``make_model()``, stepped on ``x[:b]`` for
+    each batch size ``b``: each gradient within 2e-2 of the exact one, one graph for all.
+    Returns the backend."""
+    torch._dynamo.reset()
+    backend = gact_fx.backend(compiler="eager", min_numel=0, **options)
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    model = make_model()
+    step = torch.compile(model, backend=backend, fullgraph=True, dynamic=True)
+    for batch in batches:
+        part = x[:batch].clone()
+        model.zero_grad(set_to_none=True)
+        step(part).pow(2).sum().backward()
+        assert relative_error(flat_grad(model), squared_loss_grad(make_model(), part)) < 2e-2
+    assert counters["stats"]["unique_graphs"] == 1
+    return backend
+
+
 def loss_draws(model: nn.Module, inputs, loss_fn, backend, draws: int, warmup: int = 0,
                fullgraph: bool = True) -> list[torch.Tensor]:
     """Gradients of ``loss_fn(model(*inputs))`` from ``draws`` steps through one compile

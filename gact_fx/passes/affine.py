@@ -11,7 +11,9 @@ the rebuilt tensor with its carrier, ``REBUILT_FROM``).
 
 Only ops that are affine in the carried tensor are replayed (views; add and sub of, and
 mul and div by, values that do not come from it), so that the rebuilt tensor stays an
-unbiased function of the rounded one: ``E[a * round(x) + b] = a * x + b``. The other
+unbiased function of the rounded one: ``E[a * round(x) + b] = a * x + b``. Casts to
+another float type (autocast's, before a matmul) are replayed too: they round the rebuilt
+tensor to the type the forward rounded the stored one to. The other
 operands must already reach the backward: saved tensors, parameters and buffers (saved
 in addition, at no cost), constants. Tensors the plan keeps exact are left alone, so
 32 bits stays bit-exact.
@@ -19,8 +21,10 @@ in addition, at no cost), constants. Tensors the plan keeps exact are left alone
 ``recompute_projections`` goes one step further, through matmuls by a parameter: a
 projection's output saved beside the input the projection's weight gradient already
 keeps (attention's value beside the normalised input of the QKV projection). The chain
-may then change size (the select of the value from a fused QKV output), and replaying it
-costs the matmul again in the backward: with a fused projection, all of it. Only tensors
+may then change size (the select, ``unbind`` or ``split`` of the value from a fused QKV
+output), and replaying it costs the matmul again in the backward: with a fused
+projection, only the value's columns of it where ``passes.narrow`` can follow the chain
+to them. Only tensors
 the backward reads linearly (``passes.uses``) and the plan would not store at more bits
 than their carrier are rebuilt this way: query and key, read through an exponential, keep
 their own stored copies and floors.
@@ -39,6 +43,7 @@ import torch.fx as fx
 from .._compat import hint, provably_equal
 from ..runtime.reference import FLOAT_DTYPES
 from .hoist import lossy_placeholders
+from .narrow import MATMULS, PICKED_FROM, find_narrowing
 from .plan import CARRIES, REBUILT_FROM
 from .saved import SavedGraph, SavedKind
 from .section import SavedSection, finish, set_val
@@ -58,7 +63,6 @@ _VIEWS = frozenset({
 _EITHER_SIDE = frozenset({aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor})  # affine in either argument
 _FIRST_ONLY = frozenset({aten.div.Tensor, aten.add.Scalar, aten.sub.Scalar, aten.mul.Scalar, aten.div.Scalar,
                          aten.neg.default})  # affine in the first argument
-_MATMULS = frozenset({aten.mm.default, aten.addmm.default})  # ``recompute_projections``: by a parameter
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,7 @@ class _Rebuild:
 
     @property
     def through_matmul(self) -> bool:
-        return any(node.target in _MATMULS for node in self.chain)
+        return any(node.target in MATMULS for node in self.chain)
 
 
 def _numel(node) -> int | torch.SymInt | None:
@@ -98,17 +102,16 @@ class _Finder:
             return all(self._operand_ok(n, depth) for n in node) if isinstance(node, (list, tuple)) else True
         if node in self.saved_position or node in self.static or not isinstance(node.meta.get("val"), torch.Tensor):
             return True
-        return (depth < MAX_CHAIN and node.op == "call_function" and node.target in _VIEWS
+        return (depth < MAX_CHAIN and _passes_through(node)
                 and all(self._operand_ok(a, depth + 1) for a in node.args))
 
     def _static(self, node, depth: int = 0) -> bool:
-        """``node`` is a parameter or buffer, or a view of one."""
+        """``node`` is a parameter or buffer, or a view or cast of one."""
         if not isinstance(node, fx.Node):
             return False
         if node in self.static:
             return True
-        return (depth < MAX_CHAIN and node.op == "call_function" and node.target in _VIEWS
-                and self._static(node.args[0], depth + 1))
+        return depth < MAX_CHAIN and _passes_through(node) and self._static(node.args[0], depth + 1)
 
     def _matmul_input(self, node: fx.Node) -> fx.Node | None:
         """The input of ``mm(a, b)`` or ``addmm(bias, a, b)`` that the other operands, all
@@ -131,9 +134,9 @@ class _Finder:
         while len(chain) < MAX_CHAIN:
             if chain and node in self.saved_position:
                 return self.saved_position[node], chain[::-1], operands
-            if node.op != "call_function" or node.kwargs and node.target not in _VIEWS:
+            if node.op != "call_function" or node.kwargs and not _passes_through(node):
                 return None
-            if through_matmuls and _unbound(node):  # getitem(unbind(x)): a select of x
+            if through_matmuls and _picked(node):  # getitem(unbind(x)) or getitem(split(x)): a view of x
                 chain += [node, node.args[0]]
                 node = node.args[0].args[0]
                 continue
@@ -141,12 +144,12 @@ class _Finder:
             if size is None or not _same_numel(node, size):
                 return None
             tensors = [a for a in node.args if isinstance(a, fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)]
-            if through_matmuls and node.target in _MATMULS:
+            if through_matmuls and node.target in MATMULS:
                 carrier = self._matmul_input(node)
-            elif through_matmuls and node.target in _VIEWS:
+            elif through_matmuls and _passes_through(node):
                 carrier = node.args[0] if all(self._operand_ok(o) for o in node.args[1:]) else None
             else:
-                if node.target in _VIEWS or node.target in _FIRST_ONLY:
+                if _passes_through(node) or node.target in _FIRST_ONLY:
                     sides = [node.args[0]]
                 elif node.target in _EITHER_SIDE:
                     sides = [a for a in node.args[:2] if isinstance(a, fx.Node)]
@@ -165,20 +168,33 @@ class _Finder:
         return None
 
 
-def _unbound(node: fx.Node) -> bool:
-    """``node`` is ``getitem(unbind(x, dim), i)``."""
-    unbind = node.args[0] if node.target is operator.getitem and node.args else None
-    return isinstance(unbind, fx.Node) and unbind.op == "call_function" and unbind.target is aten.unbind.int
+def _picked(node: fx.Node) -> bool:
+    """``node`` is ``getitem(unbind(x, dim), i)`` or ``getitem(split(x, ...), i)``."""
+    source = node.args[0] if node.target is operator.getitem and node.args else None
+    return isinstance(source, fx.Node) and source.op == "call_function" and source.target in PICKED_FROM
+
+
+def _float_cast(node: fx.Node) -> bool:
+    """``node`` converts a tensor to another floating-point type, and does nothing else."""
+    if node.target is aten._to_copy.default:
+        dtype = node.kwargs.get("dtype")
+        return len(node.args) == 1 and set(node.kwargs) == {"dtype"} and dtype in FLOAT_DTYPES
+    return node.target is torch.ops.prims.convert_element_type.default and node.args[1] in FLOAT_DTYPES
+
+
+def _passes_through(node) -> bool:
+    """``node`` reads one tensor as it is (a view) or rounded to another float type (a cast)."""
+    return isinstance(node, fx.Node) and node.op == "call_function" and (node.target in _VIEWS or _float_cast(node))
 
 
 def _view_roots(node: fx.Node) -> set[fx.Node]:
-    """``node`` and, through views, the nodes it reads."""
+    """``node`` and, through views and casts, the nodes it reads."""
     roots, stack = set(), [node]
     while stack:
         n = stack.pop()
         if n not in roots:
             roots.add(n)
-            if n.op == "call_function" and n.target in _VIEWS:
+            if _passes_through(n):
                 stack.extend(a for a in n.all_input_nodes)
     return roots
 
@@ -285,12 +301,20 @@ def _rebuild(fw: fx.GraphModule, bw: fx.GraphModule, saved: SavedGraph, rebuilds
         placeholder = entry.bw_placeholder
         first_user = next(n for n in bw.graph.nodes if n in placeholder.users)
         carrier = saved.values[rebuild.carrier]
+        narrowing = find_narrowing(carrier.node, rebuild.chain) if rebuild.through_matmul else None
         with bw.graph.inserting_before(first_user):
             node = carrier.bw_placeholder
             local = {carrier.node: node}
+
+            def mapped(n):
+                return local[n] if n in local else backward_of(n)
+
             for fw_node in rebuild.chain:
-                node = bw.graph.node_copy(fw_node, lambda n: local[n] if n in local else backward_of(n))
-                set_val(node, fw_node.meta["val"])
+                if narrowing is None:
+                    node = bw.graph.node_copy(fw_node, mapped)
+                    set_val(node, fw_node.meta["val"])
+                elif (node := narrowing.replay(bw.graph, fw_node, mapped)) is None:
+                    continue
                 node.meta["gact"] = {"role": "rebuilt", "source": saved.values[rebuild.position].node.name}
                 local[fw_node] = node
         placeholder.replace_all_uses_with(node)

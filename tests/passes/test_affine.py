@@ -8,7 +8,8 @@ from gact_fx.passes.affine import recompute_affine
 from gact_fx.passes.saved import find_saved
 from gact_fx.runtime.ops import blob_nbytes
 
-from ..helpers import TransformerBlock, flat_grad, relative_error, squared_loss_grad
+from ..helpers import (TransformerBlock, dynamic_batch_steps, flat_grad, one_graph_step, relative_error,
+                       squared_loss_grad)
 from .graphs import Builder, FakeTensorMode, aten
 
 
@@ -74,19 +75,6 @@ X = torch.randn(256, 32, generator=torch.Generator().manual_seed(0))
 def pre_norm() -> PreNorm:
     torch.manual_seed(0)
     return PreNorm()
-
-
-def one_graph_step(make_model, x, **options):
-    """The report and the gradient of one step of ``make_model()(x).pow(2).sum()``,
-    compiled as one graph."""
-    torch._dynamo.reset()
-    backend = gact_fx.backend(compiler="eager", min_numel=0, **options)
-    counters = torch._dynamo.utils.counters
-    counters.clear()
-    model = make_model()
-    torch.compile(model, backend=backend, fullgraph=True)(x).pow(2).sum().backward()
-    assert counters["stats"]["unique_graphs"] == 1
-    return backend.report(), flat_grad(model)
 
 
 def compile_step(**options):
@@ -215,16 +203,27 @@ def test_the_rebuilt_value_keeps_2_bits_unbiased():
 
 
 def test_a_dynamic_batch_rebuilds_the_value_without_specialising_it():
-    torch._dynamo.reset()
-    backend = gact_fx.backend(compiler="eager", min_numel=0, bits=8, recompute_projections=True)
-    counters = torch._dynamo.utils.counters
-    counters.clear()
-    model = block()
-    step = torch.compile(model, backend=backend, fullgraph=True, dynamic=True)
-    for batch in (8, 3, 5):
-        x = XS[:batch].clone()
-        model.zero_grad(set_to_none=True)
-        step(x).pow(2).sum().backward()
-        assert relative_error(flat_grad(model), squared_loss_grad(block(), x)) < 2e-2
-    assert counters["stats"]["unique_graphs"] == 1
+    backend = dynamic_batch_steps(block, XS, bits=8, recompute_projections=True)
     assert [r for r in rebuilt_rows(backend.report()) if r.name == "select_2"]
+
+
+def autocast_step(**options):
+    """The report and the gradient of one step of the transformer block under bf16 autocast."""
+    torch._dynamo.reset()
+    backend = gact_fx.backend(compiler="eager", min_numel=0, **options)
+    model = block()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = torch.compile(model, backend=backend, fullgraph=True)(XS)
+    out.float().pow(2).sum().backward()
+    return backend.report(), flat_grad(model)
+
+
+def test_under_autocast_the_casts_are_replayed_and_the_norm_outputs_and_value_rebuilt():
+    report, grad = autocast_step(bits=8, recompute_projections=True)
+    # both LayerNorms' bf16 outputs (cast, then affine in the block's input) and the value
+    assert sorted(r.shape for r in rebuilt_rows(report)) == [(8, 4, 32, 16), (256, 64), (256, 64)]
+    _, exact = autocast_step(enabled=False)
+    assert relative_error(grad, exact) < 2e-2
+    report, grad = autocast_step(bits=32, recompute_projections=True)
+    assert not rebuilt_rows(report)
+    assert torch.equal(grad, exact)

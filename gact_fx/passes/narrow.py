@@ -1,0 +1,225 @@
+"""Run a rebuilt projection for the columns its chain reads, not all of them.
+
+``recompute_projections`` rebuilds attention's value in the backward by running the QKV
+projection again on its stored input. With a fused projection the value is a third of
+the output: the chain from the matmul views the output's columns as ``(3, heads,
+head_dim)`` (or keeps them as one dimension), then picks the value with a select, an
+``unbind``, a ``split`` or a slice. ``find_narrowing`` follows the output's columns
+through those views to that pick and, when it takes a contiguous range of them, the
+backward multiplies by those columns of the weight only (a slice of the weight and the
+bias, no copy): a third of the matmul. The views before the pick get the narrowed
+sizes, and the pick becomes a select of index 0 or nothing.
+
+Only chains this analysis can follow are narrowed (views that keep the rows ahead of
+the columns, permutes, then one pick along the outermost column dimension); any other
+chain is replayed whole, as before.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+from torch.utils._pytree import tree_map
+
+from .section import set_val
+
+aten = torch.ops.aten
+
+MATMULS = frozenset({aten.mm.default, aten.addmm.default})
+_RESHAPES = frozenset({aten.view.default, aten._unsafe_view.default, aten.reshape.default})
+_PERMUTES = frozenset({aten.permute.default, aten.transpose.int, aten.t.default})
+_SAME = frozenset({aten.clone.default, aten.alias.default})
+PICKED_FROM = frozenset({aten.unbind.int, aten.split.Tensor, aten.split_with_sizes.default})
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """A dimension made of the matmul output's columns: ``size`` of them, ``stride`` apart."""
+    size: int
+    stride: int
+
+
+_ROW = None  # a dimension made of the matmul's rows
+
+
+@dataclass
+class Narrowing:
+    """How to replay ``chain`` for output columns ``start:stop`` of ``matmul`` only."""
+    matmul: fx.Node
+    start: int
+    stop: int
+    shapes: dict[fx.Node, list] = field(default_factory=dict)  # reshapes before the pick: narrowed shapes
+    pick: fx.Node | None = None  # the node that picked the columns
+    skipped: fx.Node | None = None  # the unbind or split the pick read, not replayed
+
+    def replay(self, graph: fx.Graph, fw_node: fx.Node, backward_of: Callable) -> fx.Node | None:
+        """The backward node for ``fw_node``: narrowed where the chain changes, else a copy
+        (``None`` for a node not replayed)."""
+        if fw_node is self.skipped:
+            return None
+        if fw_node is self.matmul:
+            *bias, a, b = (backward_of(arg) for arg in fw_node.args)
+            columns = _call(graph, aten.slice.Tensor, (b, 1, self.start, self.stop))
+            if bias:
+                bias = [_call(graph, aten.slice.Tensor, (bias[0], -1, self.start, self.stop))]
+            return _call(graph, fw_node.target, (*bias, a, columns))
+        if fw_node in self.shapes:
+            shape = [backward_of(size) if isinstance(size, fx.Node) else size for size in self.shapes[fw_node]]
+            return _call(graph, fw_node.target, (backward_of(fw_node.args[0]), shape))
+        if fw_node is self.pick:
+            if fw_node.target is operator.getitem:  # of a split or unbind
+                source, dim = fw_node.args[0].args[0], _dim(fw_node.args[0])
+                if fw_node.args[0].target is not aten.unbind.int:
+                    return backward_of(source)
+            else:
+                source, dim = fw_node.args[0], fw_node.args[1]
+                if fw_node.target is aten.slice.Tensor:
+                    return backward_of(source)
+            return _call(graph, aten.select.int, (backward_of(source), dim, 0))
+        copy = graph.node_copy(fw_node, backward_of)
+        set_val(copy, fw_node.meta["val"])
+        return copy
+
+
+def _call(graph: fx.Graph, target, args: tuple) -> fx.Node:
+    node = graph.call_function(target, args)
+    set_val(node, target(*tree_map(lambda a: a.meta["val"] if isinstance(a, fx.Node) else a, args)))
+    return node
+
+
+def _dim(node: fx.Node) -> int:
+    """The dimension argument of an unbind or split node."""
+    if node.target is aten.unbind.int:
+        return node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    return node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
+
+
+def _picked_range(node: fx.Node, size: int) -> tuple[int, int] | None:
+    """``(lo, hi)``: the indices along its dimension that the pick ``node`` keeps."""
+    if node.target is aten.select.int:
+        index = node.args[2] % size
+        return index, index + 1
+    if node.target is aten.slice.Tensor:
+        given = node.args[2:]
+        start, end, step = (*given, *(None, None, 1)[len(given):])
+        if step != 1 or not all(isinstance(v, (int, type(None))) for v in (start, end)):
+            return None
+        start, end, _ = slice(start, end).indices(size)
+        return (start, end) if start < end else None
+    source, index = node.args[0], node.args[1]
+    if source.target is aten.unbind.int:
+        return index, index + 1
+    if source.target is aten.split.Tensor:
+        chunk = source.args[1]
+        return (index * chunk, min(size, (index + 1) * chunk)) if isinstance(chunk, int) else None
+    sizes = source.args[1]
+    if not all(isinstance(s, int) for s in sizes):
+        return None
+    return sum(sizes[:index]), sum(sizes[:index + 1])
+
+
+def _pick_dim(node: fx.Node, ndim: int) -> int | None:
+    if node.target in (aten.select.int, aten.slice.Tensor):
+        dim = node.args[1] if len(node.args) > 1 else 0
+    elif node.target is operator.getitem and isinstance(node.args[0], fx.Node) and node.args[0].target in PICKED_FROM:
+        dim = _dim(node.args[0])
+    else:
+        return None
+    return dim % ndim if isinstance(dim, int) else None
+
+
+def find_narrowing(carrier: fx.Node, chain: Sequence[fx.Node]) -> Narrowing | None:
+    """A ``Narrowing`` of ``chain`` (forward nodes from ``carrier`` to a rebuilt tensor
+    through one matmul by a parameter), or ``None`` where the chain reads every output
+    column or takes a path this analysis does not follow."""
+    matmuls = [i for i, node in enumerate(chain) if node.target in MATMULS]
+    if len(matmuls) != 1:
+        return None
+    matmul = chain[matmuls[0]]
+    if matmul.args[-2] is not (chain[matmuls[0] - 1] if matmuls[0] else carrier):
+        return None  # the parameter is the left operand: its rows, not its columns, are the output's
+    out = matmul.meta["val"]
+    width = out.shape[-1]
+    if out.dim() != 2 or not isinstance(width, int):
+        return None
+    dims: list[_Columns | None] = [_ROW, _Columns(width, 1)]
+    reshapes: list[tuple[fx.Node, int]] = []  # (node, index of its first column dimension)
+    permuted = False
+    rest = list(chain[matmuls[0] + 1:])
+    while rest:
+        node = rest.pop(0)
+        if node.target in _SAME:
+            continue
+        if node.target in _RESHAPES:
+            shape = node.args[1]
+            first = _column_split(shape, width)
+            if permuted or first is None:
+                return None
+            dims = [_ROW] * first + [_Columns(s, math.prod(shape[i + 1:])) for i, s in enumerate(shape) if i >= first]
+            reshapes.append((node, first))
+            continue
+        if node.target in _PERMUTES:
+            dims = _permuted(node, dims)
+            permuted = True
+            continue
+        if node.target in PICKED_FROM and rest and rest[0].target is operator.getitem and rest[0].args[0] is node:
+            skipped, node = node, rest.pop(0)
+        elif node.target in (aten.select.int, aten.slice.Tensor):
+            skipped = None
+        else:
+            return None
+        return _narrowing(matmul, width, dims, reshapes, node, skipped)
+    return None
+
+
+def _column_split(shape, width: int) -> int | None:
+    """The index of ``shape``'s first column dimension: its trailing sizes, all ints,
+    multiply to ``width``."""
+    product, first = 1, len(shape)
+    while product < width and first > 0:
+        first -= 1
+        if not isinstance(shape[first], int) or shape[first] <= 0:
+            return None
+        product *= shape[first]
+    return first if product == width else None
+
+
+def _permuted(node: fx.Node, dims: list) -> list:
+    if node.target is aten.t.default:
+        return dims[::-1]
+    if node.target is aten.transpose.int:
+        a, b = (d % len(dims) for d in node.args[1:3])
+        dims = list(dims)
+        dims[a], dims[b] = dims[b], dims[a]
+        return dims
+    return [dims[d % len(dims)] for d in node.args[1]]
+
+
+def _narrowing(matmul, width, dims, reshapes, pick, skipped) -> Narrowing | None:
+    dim = _pick_dim(pick, len(dims))
+    if dim is None or dims[dim] is _ROW:
+        return None
+    picked = dims[dim]
+    if picked.stride != max(d.stride for d in dims if d is not _ROW):
+        return None  # only along the outermost column dimension is the range contiguous
+    kept = _picked_range(pick, picked.size)
+    if kept is None:
+        return None
+    start, stop = kept[0] * picked.stride, kept[1] * picked.stride
+    narrow = stop - start
+    if narrow == width:
+        return None
+    shapes = {}
+    for node, first in reshapes:
+        shape = list(node.args[1])
+        outer = math.prod(shape[first + 1:])  # the stride of the reshape's outermost column dimension
+        if narrow % outer:
+            return None
+        shape[first] = narrow // outer
+        shapes[node] = shape
+    return Narrowing(matmul, start, stop, shapes, pick, skipped)
