@@ -10,7 +10,8 @@ from gact_fx.passes import affine
 from gact_fx.passes.narrow import find_narrowing
 from gact_fx.runtime.ops import blob_nbytes
 
-from ..helpers import dynamic_batch_steps, one_graph_step, relative_error, squared_loss_grad
+from ..helpers import (baseline_backend, compiled_grads, dynamic_batch_steps, one_graph_step, relative_error,
+                       squared_loss_grad, tiny_gpt2)
 
 
 def fused_heads(qkv, heads):  # the char GPT's and timm's layout
@@ -99,3 +100,17 @@ def test_a_dynamic_batch_narrows_without_specialising_it(monkeypatch):
     found = spy_on_narrowing(monkeypatch)
     dynamic_batch_steps(attention(split_columns), X, bits=8, recompute_projections=True)
     assert found == [(128, 192)]
+
+
+def test_transformers_gpt2s_values_are_rebuilt_from_their_columns(monkeypatch):
+    found = spy_on_narrowing(monkeypatch)
+    torch.manual_seed(0)
+    model = tiny_gpt2()
+    tokens = torch.randint(0, 128, (4, 32), generator=torch.Generator().manual_seed(0))
+    (exact,), _ = compiled_grads(model, (tokens,), baseline_backend())
+    torch._dynamo.reset()
+    backend = gact_fx.backend(compiler="eager", bits=8, recompute_projections=True)
+    (grad,), _ = compiled_grads(model, (tokens,), backend)
+    assert found == [(128, 192)] * 2  # each layer's value: the last third of c_attn's columns
+    assert len([r for r in backend.report().rows if r.stored.startswith("rebuilt") and len(r.shape) == 4]) == 2
+    assert relative_error(grad, exact) < 2e-2
