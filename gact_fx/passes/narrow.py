@@ -156,7 +156,7 @@ def find_narrowing(carrier: fx.Node, chain: Sequence[fx.Node]) -> Narrowing | No
         if node.target in _SAME:
             continue
         if node.target in _RESHAPES:
-            shape = node.args[1]
+            shape = tuple(node.meta["val"].shape)  # the sizes an argument of -1 stands for
             first = _column_split(shape, width)
             if permuted or first is None:
                 return None
@@ -217,7 +217,7 @@ def _narrowing(matmul, width, dims, reshapes, pick, skipped) -> Narrowing | None
     shapes = {}
     for node, first in reshapes:
         shape = list(node.args[1])
-        outer = math.prod(shape[first + 1:])  # the stride of the reshape's outermost column dimension
+        outer = math.prod(node.meta["val"].shape[first + 1:])  # the stride of its outermost column dimension
         if narrow % outer:
             return None
         shape[first] = narrow // outer

@@ -24,9 +24,9 @@ def split_columns(qkv, heads):  # nanoGPT's and GPT-2's
     return [z.view(b, t, heads, n // 3 // heads).transpose(1, 2) for z in qkv.split(n // 3, dim=2)]
 
 
-def transposed_unbind(qkv, heads):  # ModernBERT's
+def unbind_then_transpose(qkv, heads):  # ModernBERT's
     b, t, n = qkv.shape
-    return qkv.view(b, t, 3, heads, n // 3 // heads).transpose(3, 1).unbind(dim=2)
+    return [z.transpose(1, 2) for z in qkv.view(b, t, 3, -1, n // 3 // heads).unbind(dim=-3)]
 
 
 def interleaved_heads(qkv, heads):  # GPT-NeoX's: each head's query, key and value side by side
@@ -50,7 +50,7 @@ X = torch.randn(8, 32, 64, generator=torch.Generator().manual_seed(1))
 LAYOUTS = {
     "fused heads": (fused_heads, (128, 192)),
     "split columns": (split_columns, (128, 192)),
-    "transposed unbind": (transposed_unbind, (128, 192)),
+    "unbind, then transpose": (unbind_then_transpose, (128, 192)),
     "interleaved heads": (interleaved_heads, None),
 }
 
