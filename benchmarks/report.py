@@ -226,6 +226,11 @@ TABLE_FILES = {
         "value's bytes go to the other tensors.")
        for name, model, task in (("gpt", "char GPT", "charlm"), ("llama", "Llama", "charlm-llama"),
                                  ("bert", "masked LM", "charlm-bert"))},
+    "rebuild_flops.json": ("What rebuilding attention's value adds to a step, in FLOPs",
+                           "`python benchmarks/rebuild_flops.py --name rebuild_flops`: one eager training step's "
+                           "FLOPs (`torch.utils.flop_counter`) and those of the matmuls the backward runs again "
+                           "with `recompute_projections` (3 bits dithered), the fused QKV projection narrowed to "
+                           "the value's columns and whole. A count, not a timing."),
     "cpu_step_time_debiased.json": ("CPU step time with query and key at 4 bits, debiased",
                                     "`benchmarks/cpu_step_time.py --models char-gpt block --compilers inductor --bits 3 "
                                     "--dithered --debiased --name cpu_step_time_debiased`: `debias_attention` runs two "
