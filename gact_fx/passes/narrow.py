@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
@@ -47,15 +47,15 @@ class _Columns:
 _ROW = None  # a dimension made of the matmul's rows
 
 
-@dataclass
+@dataclass(frozen=True)
 class Narrowing:
     """How to replay ``chain`` for output columns ``start:stop`` of ``matmul`` only."""
     matmul: fx.Node
     start: int
     stop: int
-    shapes: dict[fx.Node, list] = field(default_factory=dict)  # reshapes before the pick: narrowed shapes
-    pick: fx.Node | None = None  # the node that picked the columns
-    skipped: fx.Node | None = None  # the unbind or split the pick read, not replayed
+    shapes: dict[fx.Node, list]  # the reshapes before the pick, and their narrowed shapes
+    pick: fx.Node  # the node that picked the columns
+    skipped: fx.Node | None  # the unbind or split the pick read, not replayed
 
     def replay(self, graph: fx.Graph, fw_node: fx.Node, backward_of: Callable) -> fx.Node | None:
         """The backward node for ``fw_node``: narrowed where the chain changes, else a copy
