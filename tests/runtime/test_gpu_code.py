@@ -61,6 +61,9 @@ def pinned_triton() -> str | None:
     return found.group(1) if found else None
 
 
+# Compiling every variant for sm_90 and reading it back with cuobjdump is the longest setup
+# in the suite: the tests that read its table are marked slow (CI runs them, and so should
+# anyone who changes a kernel: `make test-slow`).
 @pytest.fixture(scope="module")
 def variants():
     if triton.__version__ != pinned_triton():
@@ -70,6 +73,7 @@ def variants():
     return json.loads(done.stdout)
 
 
+@pytest.mark.slow
 def test_every_variant_compiles_without_spills(variants):
     kernels = {row["kernel"].rpartition("(")[2].rstrip(")") for row in variants}
     assert kernels == {"encode_chunked_kernel", "decode_chunked_kernel", "encode_features_kernel",
@@ -81,6 +85,7 @@ def test_every_variant_compiles_without_spills(variants):
         assert row["sass"]["spills"] == 0, row["kernel"]
 
 
+@pytest.mark.slow
 def test_no_variant_depends_on_multiply_add_fusion(variants):
     """The format rounds ``a * b + c`` twice. gact launches with Triton's fusion off, but a
     launch by another (Inductor's of a ``wrap_triton`` kernel) gets Triton's default, on:
@@ -89,6 +94,7 @@ def test_no_variant_depends_on_multiply_add_fusion(variants):
     assert not fused, "\n".join(fused)
 
 
+@pytest.mark.slow
 def test_inductor_launches_the_same_machine_code_where_the_kernels_are_traced(variants):
     """With ``lowering="triton"`` Inductor compiles its own copy of each kernel's source (the
     kernel and what it calls, written into its module) and launches it with fusion on: that
@@ -97,6 +103,7 @@ def test_inductor_launches_the_same_machine_code_where_the_kernels_are_traced(va
     assert not different, "\n".join(different)
 
 
+@pytest.mark.slow
 def test_every_variant_fits_the_memory_speed_budget(variants):
     over = []
     for row in variants:
@@ -107,6 +114,7 @@ def test_every_variant_fits_the_memory_speed_budget(variants):
     assert not over, "\n".join(over)
 
 
+@pytest.mark.slow
 def test_the_decodes_count_their_plain_path_and_hold_the_special_values_branch(variants):
     decodes = [row for row in variants if "dequantize" in row["kernel"]]
     assert len(decodes) == 3 * 5 * 4
@@ -115,6 +123,7 @@ def test_the_decodes_count_their_plain_path_and_hold_the_special_values_branch(v
         assert row["sass"]["instructions"] > row["plain"]["instructions"], (row["kernel"], row["dtype"], row["bits"])
 
 
+@pytest.mark.slow
 def test_a_dithered_quantize_costs_its_plain_twin_per_element(variants):
     """Its key is program 0's one store (``finish_blob``), left out of the per-element count
     with the general path; the full kernel (its registers, spills) holds it."""
