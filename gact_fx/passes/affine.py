@@ -24,10 +24,9 @@ keeps (attention's value beside the normalised input of the QKV projection). The
 may then change size (the select, ``unbind`` or ``split`` of the value from a fused QKV
 output), and replaying it costs the matmul again in the backward: with a fused
 projection, only the value's columns of it where ``passes.narrow`` can follow the chain
-to them. Only tensors
-the backward reads linearly (``passes.uses``) and the plan would not store at more bits
-than their carrier are rebuilt this way: query and key, read through an exponential, keep
-their own stored copies and floors.
+to them. Only tensors the backward reads linearly (``passes.uses``) and the plan would
+not store at more bits than their carrier are rebuilt this way: query and key, read
+through an exponential, keep their own stored copies and floors.
 """
 
 from __future__ import annotations
