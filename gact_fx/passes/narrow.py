@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
-from torch.utils._pytree import tree_map
 
 from .section import set_val
 
@@ -88,7 +87,7 @@ class Narrowing:
 
 def _call(graph: fx.Graph, target, args: tuple) -> fx.Node:
     node = graph.call_function(target, args)
-    set_val(node, target(*tree_map(lambda a: a.meta["val"] if isinstance(a, fx.Node) else a, args)))
+    set_val(node, target(*fx.node.map_arg(args, lambda arg: arg.meta["val"])))
     return node
 
 
