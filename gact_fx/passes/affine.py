@@ -32,7 +32,6 @@ through an exponential, keep their own stored copies and floors.
 from __future__ import annotations
 
 import logging
-import operator
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
@@ -42,10 +41,10 @@ import torch.fx as fx
 from .._compat import hint, provably_equal
 from ..runtime.reference import FLOAT_DTYPES
 from .hoist import lossy_placeholders
-from .narrow import MATMULS, PICKED_FROM, find_narrowing
+from .narrow import MATMULS, find_narrowing, picked_from
 from .plan import CARRIES, REBUILT_FROM
 from .saved import SavedGraph, SavedKind
-from .section import SavedSection, finish, set_val
+from .section import SavedSection, copy_node, finish
 from .uses import Use, classify_uses
 
 log = logging.getLogger(__name__)
@@ -135,7 +134,7 @@ class _Finder:
                 return self.saved_position[node], chain[::-1], operands
             if node.op != "call_function" or node.kwargs and not _passes_through(node):
                 return None
-            if through_matmuls and _picked(node):  # getitem(unbind(x)) or getitem(split(x)): a view of x
+            if through_matmuls and picked_from(node) is not None:  # getitem(unbind(x)), getitem(split(x)): a view of x
                 chain += [node, node.args[0]]
                 node = node.args[0].args[0]
                 continue
@@ -165,12 +164,6 @@ class _Finder:
             operands |= {t for t in tensors if t is not carrier}
             node = carrier
         return None
-
-
-def _picked(node: fx.Node) -> bool:
-    """``node`` is ``getitem(unbind(x, dim), i)`` or ``getitem(split(x, ...), i)``."""
-    source = node.args[0] if node.target is operator.getitem and node.args else None
-    return isinstance(source, fx.Node) and source.op == "call_function" and source.target in PICKED_FROM
 
 
 def _float_cast(node: fx.Node) -> bool:
@@ -289,9 +282,7 @@ def _rebuild(fw: fx.GraphModule, bw: fx.GraphModule, saved: SavedGraph, rebuilds
             if isinstance(val, torch.SymInt):
                 return section.symint(node)
             if node.op != "placeholder":  # a view of what reaches the backward, copied where it is needed
-                copy = bw.graph.node_copy(node, backward_of)
-                set_val(copy, val)
-                return copy
+                return copy_node(bw.graph, node, backward_of)
             in_backward[node] = section.add_tensor(node)  # a parameter or buffer: held by the model anyway
         return in_backward[node]
 
@@ -301,6 +292,7 @@ def _rebuild(fw: fx.GraphModule, bw: fx.GraphModule, saved: SavedGraph, rebuilds
         first_user = next(n for n in bw.graph.nodes if n in placeholder.users)
         carrier = saved.values[rebuild.carrier]
         narrowing = find_narrowing(carrier.node, rebuild.chain) if rebuild.through_matmul else None
+        replay = narrowing.replay if narrowing is not None else copy_node
         with bw.graph.inserting_before(first_user):
             node = carrier.bw_placeholder
             local = {carrier.node: node}
@@ -309,11 +301,8 @@ def _rebuild(fw: fx.GraphModule, bw: fx.GraphModule, saved: SavedGraph, rebuilds
                 return local[n] if n in local else backward_of(n)
 
             for fw_node in rebuild.chain:
-                if narrowing is None:
-                    node = bw.graph.node_copy(fw_node, mapped)
-                    set_val(node, fw_node.meta["val"])
-                elif (node := narrowing.replay(bw.graph, fw_node, mapped)) is None:
-                    continue
+                if (node := replay(bw.graph, fw_node, mapped)) is None:
+                    continue  # an unbind or split, whose pick the narrowing replays alone
                 node.meta["gact"] = {"role": "rebuilt", "source": saved.values[rebuild.position].node.name}
                 local[fw_node] = node
         placeholder.replace_all_uses_with(node)

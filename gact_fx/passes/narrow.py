@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from .section import set_val
+from .section import copy_node, set_val
 
 aten = torch.ops.aten
 
@@ -54,12 +54,14 @@ class Narrowing:
     stop: int
     shapes: dict[fx.Node, list]  # the reshapes before the pick, and their narrowed shapes
     pick: fx.Node  # the node that picked the columns
-    skipped: fx.Node | None  # the unbind or split the pick read, not replayed
+    source: fx.Node  # the tensor it picked them from (past the unbind or split, not replayed)
+    dim: int  # the dimension it picked along
+    drops_dim: bool  # a select or unbind drops it; a split or slice keeps it
 
     def replay(self, graph: fx.Graph, fw_node: fx.Node, backward_of: Callable) -> fx.Node | None:
         """The backward node for ``fw_node``: narrowed where the chain changes, else a copy
         (``None`` for a node not replayed)."""
-        if fw_node is self.skipped:
+        if fw_node is picked_from(self.pick):
             return None
         if fw_node is self.matmul:
             *bias, a, b = (backward_of(arg) for arg in fw_node.args)
@@ -70,19 +72,18 @@ class Narrowing:
         if fw_node in self.shapes:
             shape = [backward_of(size) if isinstance(size, fx.Node) else size for size in self.shapes[fw_node]]
             return _call(graph, fw_node.target, (backward_of(fw_node.args[0]), shape))
-        if fw_node is self.pick:
-            if fw_node.target is operator.getitem:  # of a split or unbind
-                source, dim = fw_node.args[0].args[0], _dim(fw_node.args[0])
-                if fw_node.args[0].target is not aten.unbind.int:
-                    return backward_of(source)
-            else:
-                source, dim = fw_node.args[0], fw_node.args[1]
-                if fw_node.target is aten.slice.Tensor:
-                    return backward_of(source)
-            return _call(graph, aten.select.int, (backward_of(source), dim, 0))
-        copy = graph.node_copy(fw_node, backward_of)
-        set_val(copy, fw_node.meta["val"])
-        return copy
+        if fw_node is self.pick:  # the narrowed source holds the picked columns only
+            source = backward_of(self.source)
+            return _call(graph, aten.select.int, (source, self.dim, 0)) if self.drops_dim else source
+        return copy_node(graph, fw_node, backward_of)
+
+
+def picked_from(node: fx.Node) -> fx.Node | None:
+    """The ``unbind`` or ``split`` node that ``node``, a ``getitem`` of it, picks from."""
+    source = node.args[0] if node.target is operator.getitem and node.args else None
+    if isinstance(source, fx.Node) and source.op == "call_function" and source.target in PICKED_FROM:
+        return source
+    return None
 
 
 def _call(graph: fx.Graph, target, args: tuple) -> fx.Node:
@@ -125,8 +126,8 @@ def _picked_range(node: fx.Node, size: int) -> tuple[int, int] | None:
 def _pick_dim(node: fx.Node, ndim: int) -> int | None:
     if node.target in (aten.select.int, aten.slice.Tensor):
         dim = node.args[1] if len(node.args) > 1 else 0
-    elif node.target is operator.getitem and isinstance(node.args[0], fx.Node) and node.args[0].target in PICKED_FROM:
-        dim = _dim(node.args[0])
+    elif (source := picked_from(node)) is not None:
+        dim = _dim(source)
     else:
         return None
     return dim % ndim if isinstance(dim, int) else None
@@ -166,13 +167,11 @@ def find_narrowing(carrier: fx.Node, chain: Sequence[fx.Node]) -> Narrowing | No
             dims = _permuted(node, dims)
             permuted = True
             continue
-        if node.target in PICKED_FROM and rest and rest[0].target is operator.getitem and rest[0].args[0] is node:
-            skipped, node = node, rest.pop(0)
-        elif node.target in (aten.select.int, aten.slice.Tensor):
-            skipped = None
-        else:
+        if node.target in PICKED_FROM and rest and picked_from(rest[0]) is node:
+            node = rest.pop(0)
+        elif node.target not in (aten.select.int, aten.slice.Tensor):
             return None
-        return _narrowing(matmul, width, dims, reshapes, node, skipped)
+        return _narrowing(matmul, width, dims, reshapes, node)
     return None
 
 
@@ -199,7 +198,7 @@ def _permuted(node: fx.Node, dims: list) -> list:
     return [dims[d % len(dims)] for d in node.args[1]]
 
 
-def _narrowing(matmul, width, dims, reshapes, pick, skipped) -> Narrowing | None:
+def _narrowing(matmul, width, dims, reshapes, pick) -> Narrowing | None:
     dim = _pick_dim(pick, len(dims))
     if dim is None or dims[dim] is _ROW:
         return None
@@ -221,4 +220,7 @@ def _narrowing(matmul, width, dims, reshapes, pick, skipped) -> Narrowing | None
             return None
         shape[first] = narrow // outer
         shapes[node] = shape
-    return Narrowing(matmul, start, stop, shapes, pick, skipped)
+    unbound = picked_from(pick)
+    source = pick.args[0] if unbound is None else unbound.args[0]
+    drops_dim = pick.target is aten.select.int or (unbound is not None and unbound.target is aten.unbind.int)
+    return Narrowing(matmul, start, stop, shapes, pick, source, dim, drops_dim)

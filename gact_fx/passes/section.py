@@ -33,6 +33,13 @@ def set_val(node: fx.Node, val) -> None:
         node.meta["tensor_meta"] = extract_tensor_metadata(val)
 
 
+def copy_node(graph: fx.Graph, node: fx.Node, arg_map) -> fx.Node:
+    """``node`` copied into ``graph`` (its arguments through ``arg_map``), with its value."""
+    copy = graph.node_copy(node, arg_map)
+    set_val(copy, node.meta["val"])
+    return copy
+
+
 @dataclass
 class _Entry:
     fw_node: fx.Node
