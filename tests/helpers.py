@@ -117,6 +117,14 @@ def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
     return ((value - reference).norm() / reference.norm()).item()
 
 
+def floor_ratio(draws: list[torch.Tensor], exact: torch.Tensor) -> float:
+    """The error of the mean over ``draws`` against the averaging floor (one draw's mean
+    error over the square root of their number): about 1 when the gradient is unbiased,
+    growing with the number of draws when it is not."""
+    single = sum(relative_error(d, exact) for d in draws) / len(draws)
+    return relative_error(torch.stack(draws).mean(0), exact) / (single / len(draws) ** 0.5)
+
+
 def baseline_backend(compiler: str = "eager") -> gact_fx.GactBackend:
     """The same compile path with compression disabled."""
     return gact_fx.backend(enabled=False, compiler=compiler)

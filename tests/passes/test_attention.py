@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from ..helpers import gact_draws, relative_error
+from ..helpers import floor_ratio, gact_draws, relative_error
 from ..helpers import one_gact_step as one_step
 from ..helpers import squared_loss_grad as exact_grad
 
@@ -66,6 +66,15 @@ def test_a_consistent_output_lowers_the_error_of_sharp_attention_at_2_bits(x):
         return sum(errors) / len(errors)
 
     assert mean_error() < 0.8 * mean_error(recompute_attention=False)
+
+
+def test_a_logsumexp_rounded_apart_from_query_and_key_biases_the_gradient(x):
+    # what recomputing it removes: exp(q k^T - lse) with lse's own rounding has rows that do
+    # not sum to 1, and exp of a zero-mean error has a mean above 1. Everything else exact.
+    torch.manual_seed(0)
+    model = Attention(sharpness=2.0)
+    lse_alone = {"bits": 32, "recompute_attention": False, "overrides": {"scaled_dot_product_attention": 2, "*": 32}}
+    assert floor_ratio(gact_draws(model, x, 16, **lse_alone), exact_grad(model, x)) > 2.5
 
 
 @pytest.mark.parametrize("variant", ["flash_attention", "flash_attention_for_cpu", "efficient_attention",

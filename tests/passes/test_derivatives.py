@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from ..helpers import gact_draws
+from ..helpers import floor_ratio, gact_draws
 from ..helpers import one_gact_step as compiled_step
 from ..helpers import relative_error
 from ..helpers import squared_loss_grad as exact_grad
@@ -46,9 +46,7 @@ def mean_over_floor(model, x, **options) -> float:
     """The error of the mean gradient over 64 rounding seeds, against the averaging floor
     (one draw's error / 8): about 1 when the gradient is unbiased."""
     exact = exact_grad(model, x)
-    draws = gact_draws(model, x, 64, **options)
-    single = sum(relative_error(d, exact) for d in draws) / len(draws)
-    return relative_error(torch.stack(draws).mean(0), exact) / (single / len(draws) ** 0.5)
+    return floor_ratio(gact_draws(model, x, 64, **options), exact)
 
 
 @pytest.fixture
