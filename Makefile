@@ -4,6 +4,9 @@
 # torch pinned to 2.13.0 (the local CPU wheel) by constraints.txt.
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# pytest-xdist: a process per core (CI's machine has two), each test file in one process so
+# that a file's session-wide fixtures (the CUDA path's rehearsal) run once.
+PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile
 PYTHON ?= python3
 
 .PHONY: demo test test-slow bench-quick clean
@@ -18,10 +21,10 @@ demo: $(VENV)/.installed
 	$(PY) examples/train_mnist1d.py
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q
+	$(PYTEST)
 
 test-slow: $(VENV)/.installed  # the tests `make test` leaves out (marked slow); CI runs both
-	$(PY) -m pytest -q -m slow
+	$(PYTEST) -m slow
 
 bench-quick: $(VENV)/.installed
 	$(PY) -m gact_fx.cli bench --quick --out "$$(mktemp -d)"

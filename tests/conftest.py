@@ -14,6 +14,10 @@ if not torch.cuda.is_available():
 # compiler="auto" means Inductor; the suite runs the eager path unless a test asks for
 # Inductor (compiles of seconds, not minutes, on two cores).
 os.environ.setdefault("GACT_FX_COMPILER", "eager")
+# Under pytest-xdist (make test: a process per core) each process gets its share of the
+# cores, so that torch's threads do not outnumber them.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 import pytest  # noqa: E402
 
