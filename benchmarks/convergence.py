@@ -4,6 +4,7 @@
     python benchmarks/convergence.py --task charlm --steps 1000 --methods fp32 "L1.2 (2 bit)" "L2.2 (adaptive 2)"
     python benchmarks/convergence.py --task charlm-llama --steps 1000 --clip-grad-norm 1.0   # as the transformers Trainer
     python benchmarks/convergence.py --task charlm-bert --warm-steps 300 --steps 700   # continued from fp32's step 300
+    python benchmarks/convergence.py --task charlm-bert --steps 2000 --suffix _steps2000   # longer, in a file of its own
 
 Methods can run in separate processes (``--part NAME`` writes ``convergence_<task>.NAME.json``)
 and be merged (``--merge``; ``--append`` adds them to the results already there), so that two
@@ -106,12 +107,17 @@ def main(argv=None):
     parser.add_argument("--warm-steps", type=int, default=0, metavar="N",
                         help="train fp32 for N steps first, then continue each method from that state for --steps "
                              "(one schedule over both; results: convergence_<task>_warmN)")
+    parser.add_argument("--suffix", default="", metavar="TEXT",
+                        help="appended to the results' name, so that a run unlike the task's others (--steps 2000 "
+                             "where the rest ran 1000: --suffix _steps2000) gets a file and an fp32 row of its own")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     task = TASKS[args.task](seed=args.seed)
     clip = f"_clip{args.clip_grad_norm:g}".replace(".", "p") if args.clip_grad_norm else ""  # no dot: parts are suffixes
     warm = f"_warm{args.warm_steps}" if args.warm_steps else ""
-    stem = RESULTS / (f"convergence_{args.task}{clip}{warm}" + (f"_seed{args.seed}" if args.seed else ""))
+    if "." in args.suffix or "/" in args.suffix:
+        parser.error(f"--suffix {args.suffix!r}: no dots or slashes (a part's name follows the first dot)")
+    stem = RESULTS / (f"convergence_{args.task}{clip}{warm}" + (f"_seed{args.seed}" if args.seed else "") + args.suffix)
     if args.merge:
         parts = [json.loads(stem.with_suffix(f".{name}.json").read_text()) for name in args.merge]
         if args.append:
