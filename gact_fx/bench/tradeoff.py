@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import statistics
 from collections import defaultdict
+import dataclasses
 from dataclasses import dataclass
 
 from .train import largest_norm_ratio
@@ -41,8 +42,10 @@ def format_of(method: str) -> str:
 
 
 def run_points(convergences: list[dict], higher_is_better: dict[str, bool]) -> list[RunPoint]:
-    """Every compressed run of every convergence file that has an fp32 run beside it."""
-    points = []
+    """Every compressed run of every convergence file that has an fp32 run beside it. A file
+    whose fp32 run is longer or shorter than most of its task's is a task of its own,
+    named with its steps ("char-bert, 2000 steps")."""
+    points, lengths = [], []
     for data in convergences:
         meta = data["meta"]
         clip = meta.get("clip_grad_norm")
@@ -59,7 +62,9 @@ def run_points(convergences: list[dict], higher_is_better: dict[str, bool]) -> l
             delta = 100 * (final - base) if higher_is_better.get(r["task"]) else 100 * (final - base) / base
             norms = largest_norm_ratio(r.get("grad_norms") or [], reference.get("grad_norms") or [])
             points.append(RunPoint(task, r["method"], r["activation_ratio"], delta, norms, meta.get("seed", 0)))
-    return points
+            lengths.append(reference["curve"][-1][0])
+    usual = {task: statistics.mode(n for p, n in zip(points, lengths) if p.task == task) for task in {p.task for p in points}}
+    return [p if n == usual[p.task] else dataclasses.replace(p, task=f"{p.task}, {n} steps") for p, n in zip(points, lengths)]
 
 
 def _rows(points: list[RunPoint]) -> dict[tuple[str, float], list[RunPoint]]:

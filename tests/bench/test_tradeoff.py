@@ -38,10 +38,13 @@ def test_each_run_is_measured_against_the_fp32_run_of_its_own_file():
              _file(0, [_run("3 bit", 2.1, 9.4)], clip=1.0),
              _file(0, [_run("3 bit", 2.04, 9.4)], warm=300),
              {"meta": {}, "results": [_run("3 bit", 5.0, 9.4)]}]  # no fp32 run: no point
-    points = tradeoff.run_points(files, {"char-lm": False})
+    longer = _file(0, [_run("3 bit", 2.06, 9.4)])
+    for run in longer["results"]:
+        run["curve"] = [[40, run["curve"][-1][1]]]  # twice as many steps as the task's other runs
+    points = tradeoff.run_points([*files, longer], {"char-lm": False})
     assert [(p.task, p.seed, round(p.delta, 6), p.norm_ratio) for p in points] == [
         ("char-lm", 0, 1.0, 3.0), ("char-lm", 1, -1.0, 1.0), ("char-lm, clipped at 1", 0, 5.0, 1.0),
-        ("char-lm, after 300 fp32 steps", 0, 2.0, 1.0)]
+        ("char-lm, after 300 fp32 steps", 0, 2.0, 1.0), ("char-lm, 40 steps", 0, 3.0, 1.0)]
 
 
 def test_accuracies_differ_in_points_and_count_as_within_when_at_most_one_point_lower():
