@@ -10,10 +10,10 @@ figure draws one curve per format through its widths.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import statistics
 from collections import defaultdict
-import dataclasses
 from dataclasses import dataclass
 
 from .train import largest_norm_ratio
@@ -63,8 +63,10 @@ def run_points(convergences: list[dict], higher_is_better: dict[str, bool]) -> l
             norms = largest_norm_ratio(r.get("grad_norms") or [], reference.get("grad_norms") or [])
             points.append(RunPoint(task, r["method"], r["activation_ratio"], delta, norms, meta.get("seed", 0)))
             lengths.append(reference["curve"][-1][0])
-    usual = {task: statistics.mode(n for p, n in zip(points, lengths) if p.task == task) for task in {p.task for p in points}}
-    return [p if n == usual[p.task] else dataclasses.replace(p, task=f"{p.task}, {n} steps") for p, n in zip(points, lengths)]
+    usual = {task: statistics.mode(n for p, n in zip(points, lengths) if p.task == task)
+             for task in {p.task for p in points}}
+    return [p if n == usual[p.task] else dataclasses.replace(p, task=f"{p.task}, {n} steps")
+            for p, n in zip(points, lengths)]
 
 
 def _rows(points: list[RunPoint]) -> dict[tuple[str, float], list[RunPoint]]:
