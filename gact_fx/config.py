@@ -92,11 +92,12 @@ class CoreConfig:
     exact_statistics: bool = True
     """Keep the row statistics a norm saves (LayerNorm's mean and reciprocal standard
     deviation, RMSNorm's ``rsqrt``: the result of a reduction over at least 16 elements
-    each, and what is computed from it elementwise) in full precision
-    (``passes.statistics``). The backward reads them nonlinearly, and they hold a row's
-    length fewer elements than the activation they summarise. False rounds them like
-    any other tensor. The saved-tensor hooks of ``compress(..., fallback="hooks")`` see
-    no producers and round them."""
+    each, and what is computed from it elementwise; a fused attention's logsumexp, where
+    ``recompute_attention`` is off) in full precision (``passes.statistics``). The
+    backward reads them nonlinearly, and they hold a row's length fewer elements than
+    the activation they summarise. False rounds them like any other tensor. The
+    saved-tensor hooks of ``compress(..., fallback="hooks")`` see no producers and round
+    them."""
 
     overrides: tuple[tuple[str, int], ...] = ()
     """Per-tensor bits: ``{pattern: bits}`` (given as a dict), fnmatch patterns over tensor
@@ -212,7 +213,9 @@ class PassesConfig:
     logsumexp recomputed from the stored query, key and value, so that they agree
     (``passes.attention``): one attention forward more per layer in the backward, and
     the logsumexp no longer saved. False passes the saved output, whose mismatch
-    with the rounded value multiplies the query and key gradients' error."""
+    with the rounded value multiplies the query and key gradients' error, and the saved
+    logsumexp (kept exact with ``exact_statistics``); it needs ``nonlinear_bits`` of 8 or
+    more."""
 
     debias_attention: bool = False
     """Remove the bias that rounded query and key put into each fused attention backward
@@ -317,6 +320,11 @@ class GactConfig:
         if self.passes.debias_attention and not self.passes.recompute_attention:
             raise ValueError("debias_attention=True evaluates each attention backward at its recomputed output; it "
                              "needs recompute_attention=True")
+        if not self.passes.recompute_attention and self.core.nonlinear_bits < 8:
+            raise ValueError(f"nonlinear_bits={self.core.nonlinear_bits} rounds attention's query and key below 8 bits; "
+                             "with recompute_attention=False the backward exponentiates their scores against the "
+                             "logsumexp of the exact ones, and on sharp attention the gradient overflows. Keep "
+                             "recompute_attention=True, or nonlinear_bits at 8 or more")
         if self.passes.debias_attention and self.core.rounding != "dithered":
             raise ValueError("debias_attention=True cancels the bias of query and key stored with dithered rounding, "
                              f"whose noise the decoder can draw again; it needs rounding='dithered', got "

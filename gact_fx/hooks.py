@@ -7,6 +7,13 @@ backward needs it; bool tensors at 1 bit, losslessly. Parameters (and their view
 integer tensors and tensors under ``min_numel`` are kept as they are. Unlike the
 compiler pass this cannot see the backward graph, so it cannot keep ReLU masks exact:
 at low bits prefer the compiled path.
+
+One op is watched: a fused attention's backward rebuilds its softmax from the saved
+query and key and the saved logsumexp, an exponential the hooks cannot recompute
+consistently (``passes.attention`` does, on the compiled path). What
+``scaled_dot_product_attention`` saves is packed at no fewer than ``ATTENTION_FLOOR``
+bits (or ``nonlinear_bits``, if higher), and its logsumexp and mask, anything not shaped
+like its query, key, value or output, are kept as they are.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import weakref
 from dataclasses import dataclass
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from ._compat import version_counter
 from .measure import note_saved, saved_as_is
@@ -24,6 +32,32 @@ from .report import HookStep
 from .runtime import ops as _ops  # noqa: F401  (registers torch.ops.gact)
 from .runtime.reference import FLOAT_DTYPES
 from .runtime.registry import SlotRegistry
+
+
+# Below 8 bits the query's and key's rounding, against a logsumexp they no longer match,
+# makes the gradient of sharp attention overflow.
+ATTENTION_FLOOR = 8
+
+
+class _AttentionWatch(TorchFunctionMode):
+    """Tells the compressor which shapes the attention being called saves at its floor."""
+
+    def __init__(self, compressor: HookCompressor) -> None:
+        super().__init__()
+        self._compressor = compressor
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not torch.nn.functional.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        bound = dict(zip(("query", "key", "value"), args)) | kwargs
+        query, key, value = bound["query"], bound["key"], bound["value"]
+        output = (*query.shape[:-1], value.shape[-1])
+        self._compressor.attention_shapes = {tuple(query.shape), tuple(key.shape), tuple(value.shape), output}
+        try:
+            return func(*args, **kwargs)
+        finally:
+            self._compressor.attention_shapes = None
 
 
 @dataclass(frozen=True)
@@ -40,10 +74,12 @@ class HookCompressor:
 
     def __init__(
         self, model: torch.nn.Module, *, registry: SlotRegistry, bits: int, group_size: int, min_numel: int,
-        feature_groups: bool = True, rotation: int = 0, dithered: bool = False,
+        feature_groups: bool = True, rotation: int = 0, dithered: bool = False, nonlinear_bits: int = ATTENTION_FLOOR,
     ) -> None:
         self.bits, self.group_size, self.min_numel = bits, group_size, min_numel
         self.feature_groups = feature_groups
+        self.attention_bits = max(bits, nonlinear_bits, ATTENTION_FLOOR)
+        self.attention_shapes: set[tuple[int, ...]] | None = None  # while an attention op runs
         self._model = model
         site = registry.new_site()
         site.rotation = rotation  # the ops rotate the tensors whose innermost dimension it divides
@@ -58,8 +94,17 @@ class HookCompressor:
             return True
         return tensor.untyped_storage().data_ptr() in parameters
 
+    def _bits_for(self, tensor: torch.Tensor) -> int | None:
+        """The width to pack ``tensor`` at, or None to keep it as it is."""
+        if self.attention_shapes is None or tensor.dtype == torch.bool:
+            return self.bits  # a bool tensor is packed losslessly
+        if tuple(tensor.shape) not in self.attention_shapes or self.attention_bits >= 32:
+            return None  # the logsumexp, a mask: the backward exponentiates against them
+        return self.attention_bits
+
     def _pack(self, tensor: torch.Tensor, parameters: set[int], packed: dict):
-        if self._keep(tensor, parameters):
+        bits = None if self._keep(tensor, parameters) else self._bits_for(tensor)
+        if bits is None:
             note_saved(tensor)
             self.last_step.kept += 1
             return saved_as_is(tensor)
@@ -68,11 +113,11 @@ class HookCompressor:
         # An entry lives only as long as its tensor, so a later tensor that reuses the
         # freed memory never matches it.
         key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
-               tuple(tensor.stride()), tensor.dtype, version_counter(tensor))
+               tuple(tensor.stride()), tensor.dtype, version_counter(tensor), bits)
         if key not in packed:
             layout = layout_of(tensor)
             perm = encoding_order(layout, tensor.dtype, self.group_size, self.feature_groups)
-            blob = torch.ops.gact.quantize(tensor.detach(), self.bits, self.group_size, list(perm), self._slot)
+            blob = torch.ops.gact.quantize(tensor.detach(), bits, self.group_size, list(perm), self._slot)
             note_saved(blob)
             self.last_step.packed += 1
             self.last_step.bytes_before += tensor.numel() * tensor.element_size()
@@ -96,5 +141,6 @@ class HookCompressor:
         parameters |= {b.untyped_storage().data_ptr() for b in self._model.buffers()}
         packed: dict = {}
         self.last_step = HookStep(self.bits)
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: self._pack(t, parameters, packed), self._unpack):
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: self._pack(t, parameters, packed), self._unpack), \
+                _AttentionWatch(self):
             yield self

@@ -65,6 +65,7 @@ def test_levels_are_constructors():
         ({"exact_statistics": 0}, "exact_statistics must be bool"),
         ({"nonlinear_rotation": 24}, "nonlinear_rotation must be 0 \\(off\\) or one of"),
         ({"nonlinear_rotation": 32, "lowering": "aten"}, "nonlinear_rotation needs lowering='op'"),
+        ({"nonlinear_bits": 4, "recompute_attention": False}, "nonlinear_bits=4 .* recompute_attention=False"),
         ({"bitz": 4}, r"unknown gact option\(s\) \['bitz'\]; allowed options are"),
     ],
 )

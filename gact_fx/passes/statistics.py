@@ -9,10 +9,14 @@ elements than the activation. The plan keeps them exact
 (``CoreConfig.exact_statistics``). They are found by producer, not by shape: a
 one-feature activation has a statistic's shape and is not one.
 
+A fused attention's logsumexp is one too: a reduction over each query's row of scores,
+which the backward exponentiates (``P = exp(S - logsumexp)``), so that an error of e in it
+scales the row by exp(-e). It is saved only where ``recompute_attention`` is off.
+
 A statistic is the result of a reduction (``REDUCTIONS``; a norm's or ``var_mean``'s
 statistics outputs, ``MULTI_OUTPUT_REDUCTIONS``) over at least ``MIN_REDUCED``
 elements per result, or an elementwise function of statistics and scalars, or a view
-of one (same element count).
+of one (same element count), or a fused attention's logsumexp.
 """
 
 from __future__ import annotations
@@ -78,12 +82,21 @@ def _classify(node: fx.Node, found: dict[fx.Node, str]) -> str | None:
         return str(target) if _reduced_enough(node, node.args[0]) else None
     if target is operator.getitem:
         producer, index = node.args
-        if isinstance(producer, fx.Node) and index in MULTI_OUTPUT_REDUCTIONS.get(producer.target, ()):
+        if not isinstance(producer, fx.Node):
+            return None
+        if index in MULTI_OUTPUT_REDUCTIONS.get(producer.target, ()):
             return str(producer.target) if _reduced_enough(node, producer.args[0]) else None
-        return None
+        return str(producer.target) if _is_attention_logsumexp(producer, index) else None
     if target in _VIEWS or torch.Tag.pointwise in getattr(target, "tags", ()):
         return _elementwise_of_statistics(node, found)
     return None
+
+
+def _is_attention_logsumexp(producer: fx.Node, index: int) -> bool:
+    schema = getattr(producer.target, "_schema", None)
+    if schema is None or not schema.name.startswith("aten::_scaled_dot_product") or schema.name.endswith("_backward"):
+        return False
+    return index < len(schema.returns) and schema.returns[index].name in ("logsumexp", "log_sumexp")
 
 
 def _elementwise_of_statistics(node: fx.Node, found: dict[fx.Node, str]) -> str | None:

@@ -4,6 +4,8 @@ import pytest
 import torch
 from torch import nn
 
+import gact_fx
+
 from ..helpers import floor_ratio, gact_draws, relative_error
 from ..helpers import one_gact_step as one_step
 from ..helpers import squared_loss_grad as exact_grad
@@ -36,7 +38,7 @@ def test_the_logsumexp_is_no_longer_saved_and_value_stays_linear(x, compiler):
     torch.manual_seed(0)
     model = Attention()
     on, grad = one_step(model, x, compiler, bits=8)
-    off, _ = one_step(model, x, compiler, bits=8, recompute_attention=False)
+    off, _ = one_step(model, x, compiler, bits=8, recompute_attention=False, exact_statistics=False)
     # off: q, k, the logsumexp (exponential), v, the output (linear); on: no logsumexp
     assert sorted(c.use for c in off).count("exponential") == 3
     assert [c.use for c in on].count("exponential") == 2
@@ -73,8 +75,18 @@ def test_a_logsumexp_rounded_apart_from_query_and_key_biases_the_gradient(x):
     # not sum to 1, and exp of a zero-mean error has a mean above 1. Everything else exact.
     torch.manual_seed(0)
     model = Attention(sharpness=2.0)
-    lse_alone = {"bits": 32, "recompute_attention": False, "overrides": {"scaled_dot_product_attention": 2, "*": 32}}
+    lse_alone = {"bits": 32, "recompute_attention": False, "exact_statistics": False,
+                 "overrides": {"scaled_dot_product_attention": 2, "*": 32}}
     assert floor_ratio(gact_draws(model, x, 16, **lse_alone), exact_grad(model, x)) > 2.5
+
+
+def test_without_the_recomputation_the_saved_logsumexp_is_kept_exact(x):
+    torch.manual_seed(0)
+    backend = gact_fx.backend(compiler="eager", bits=2, min_numel=0, recompute_attention=False)
+    torch.compile(Attention(), backend=backend, fullgraph=True)(x).pow(2).sum().backward()
+    (row,) = [r for r in backend.report().rows if r.bits is None and "row statistic" in r.stored]
+    assert "scaled_dot_product" in row.stored
+    assert row.bytes_after == row.bytes_before == x.shape[0] * 2 * x.shape[1] * 4
 
 
 @pytest.mark.parametrize("variant", ["flash_attention", "flash_attention_for_cpu", "efficient_attention",

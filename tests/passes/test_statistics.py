@@ -51,6 +51,13 @@ def test_a_norms_statistics_and_what_is_computed_from_them_are_found():
     assert set(var_mean) == {"getitem", "getitem_1", "div"}
 
 
+@pytest.mark.compat
+def test_a_fused_attentions_logsumexp_is_a_statistic_and_its_output_is_not():
+    q, k, v = (torch.randn(2, 2, 8, 4) for _ in range(3))  # a head of 4: fewer than MIN_REDUCED per row
+    statistics = found(lambda q, k, v: aten._scaled_dot_product_flash_attention_for_cpu(q, k, v), q, k, v)
+    assert set(statistics) == {"getitem_1"}
+
+
 def test_activations_shaped_like_statistics_are_not_statistics():
     # a one-feature activation (an nn.Linear(..., 1)) has a statistic's shape
     assert found(lambda x, w: torch.tanh(x @ w), torch.randn(8, 64), torch.randn(64, 1)) == {}
