@@ -84,23 +84,27 @@ def curves(results: list[dict], path: pathlib.Path) -> None:
 def loss_against_bytes(curves: dict[str, dict[str, list[tuple[float, float, float, float]]]], path: pathlib.Path) -> None:
     """One panel per task: each format a line through its methods, at the bytes they hold
     (``bench.tradeoff.curves``: ratio, median, lowest and highest shortfall against fp32;
-    the bar spans the runs; the dashed line is 1% or 1 point). A format has one colour in
-    every panel."""
+    the bar spans the runs; the dashed line is 1% or 1 point). A format has one colour and
+    marker in every panel, and one legend under them all."""
     plt = _pyplot()
     tasks = sorted(curves)
     if not tasks:
         return
     formats = sorted({name for task in tasks for name in curves[task]})
     colours = {name: plt.cm.tab20.colors[i % 20] for i, name in enumerate(formats)}
+    markers = {name: "os^D"[i // 20 % 4] for i, name in enumerate(formats)}  # past 20, colours repeat
     columns = min(3, len(tasks))
     rows = -(-len(tasks) // columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(5.5 * columns, 6.5 * rows), squeeze=False)
+    legend_rows = -(-len(formats) // 2)
+    legend_height = 0.4 + 0.14 * legend_rows  # inches, under the panels
+    height = 5.0 * rows + legend_height
+    figure, axes = plt.subplots(rows, columns, figsize=(5.5 * columns, height), squeeze=False)
     for axis in axes.flat[len(tasks):]:
         axis.set_visible(False)
     for axis, task in zip(axes.flat, tasks):
         for name, points in sorted(curves[task].items()):
             ratios, medians, lows, highs = zip(*points)
-            axis.plot(ratios, medians, marker="o", markersize=4, linewidth=1.2 if len(points) > 1 else 0,
+            axis.plot(ratios, medians, marker=markers[name], markersize=4, linewidth=1.2 if len(points) > 1 else 0,
                       color=colours[name], label=name)
             axis.vlines(ratios, lows, highs, color=colours[name], linewidth=0.8, alpha=0.6)
         axis.axhline(0, color="#999", linewidth=0.8)
@@ -109,9 +113,10 @@ def loss_against_bytes(curves: dict[str, dict[str, list[tuple[float, float, floa
             axis.axvline(target, color="#999", linewidth=0.6, linestyle=":")
         axis.set_title(task)
         axis.set_xlabel("activation bytes, fp32's / the run's")
-        axis.set_ylabel("worse than fp32 at the end: % more loss, or points less accuracy")
+        axis.set_ylabel("worse than fp32 at the end\n(% more loss, or points less accuracy)")
         axis.grid(alpha=0.3)
-        axis.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
-    figure.tight_layout()
+    handles = [plt.Line2D([], [], color=colours[name], marker=markers[name], markersize=4) for name in formats]
+    figure.legend(handles, formats, loc="lower center", ncol=2, fontsize=7, frameon=False)
+    figure.tight_layout(rect=(0, legend_height / height, 1, 1))
     figure.savefig(path, dpi=110)
     plt.close(figure)
