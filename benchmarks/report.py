@@ -29,6 +29,11 @@ TABLE_FILES = {
     "gpu_step_profile_first.json": ("GPU step profile: the first run",
                                     "`benchmarks/gpu_step_profile.py` after the GPU suite's second run; the "
                                     "profiler's tables are in `benchmarks/results/gpu_step_profile_first/`."),
+    "replay_gradient_error.json": ("Gradient error along a run: spikes, the model's or the compression's",
+                                   "`benchmarks/replay_gradient_error.py`: the first steps of a convergence run "
+                                   "replayed (same task, seeds and schedule), each step's compressed gradient "
+                                   "against the exact one at the same weights and batch. Error: ||g - g_exact|| / "
+                                   "||g_exact||."),
     "gradient_variance.json": ("Gradient variance: uniform against adaptive bits",
                                "Relative variance E||g - g_exact||^2 / ||g_exact||^2 over rounding seeds."),
     "adaptive_overhead.json": ("Cost of adaptive bits", "A probe step against a normal step, amortised over the interval."),
