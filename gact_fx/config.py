@@ -97,7 +97,7 @@ class CoreConfig:
     backward reads them nonlinearly, and they hold a row's length fewer elements than
     the activation they summarise. False rounds them like any other tensor. The
     saved-tensor hooks of ``compress(..., fallback="hooks")`` see no producers and round
-    them."""
+    the norms' statistics (not attention's logsumexp)."""
 
     overrides: tuple[tuple[str, int], ...] = ()
     """Per-tensor bits: ``{pattern: bits}`` (given as a dict), fnmatch patterns over tensor

@@ -8,12 +8,14 @@ integer tensors and tensors under ``min_numel`` are kept as they are. Unlike the
 compiler pass this cannot see the backward graph, so it cannot keep ReLU masks exact:
 at low bits prefer the compiled path.
 
-One op is watched: a fused attention's backward rebuilds its softmax from the saved
-query and key and the saved logsumexp, an exponential the hooks cannot recompute
-consistently (``passes.attention`` does, on the compiled path). What
-``scaled_dot_product_attention`` saves is packed at no fewer than ``ATTENTION_FLOOR``
-bits (or ``nonlinear_bits``, if higher), and its logsumexp and mask, anything not shaped
-like its query, key, value or output, are kept as they are.
+The ops whose backward exponentiates what they save are watched (a
+``TorchFunctionMode``), and what they save is packed at no fewer than
+``EXPONENTIAL_FLOOR`` bits (or ``nonlinear_bits``, if higher), as the compiled path's
+``passes.uses`` would: a log-softmax (cross-entropy's too) and a logsumexp; and a fused
+attention, whose backward rebuilds its softmax from the saved query and key and the
+saved logsumexp, which the hooks cannot recompute consistently (``passes.attention``
+does, on the compiled path): its logsumexp and mask, anything not shaped like its query,
+key, value or output, are kept as they are.
 """
 
 from __future__ import annotations
@@ -34,13 +36,27 @@ from .runtime.reference import FLOAT_DTYPES
 from .runtime.registry import SlotRegistry
 
 
-# Below 8 bits the query's and key's rounding, against a logsumexp they no longer match,
-# makes the gradient of sharp attention overflow.
-ATTENTION_FLOOR = 8
+# The fewest bits for what an exponentiating op saves: below 8, attention's query and
+# key, rounded against a logsumexp they no longer match, made sharp attention's gradient
+# overflow, and a 2-bit log-softmax made a language model's gradient 4x off, not averaging out.
+EXPONENTIAL_FLOOR = 8
+
+F = torch.nn.functional
+_ATTENTION = frozenset({F.scaled_dot_product_attention})
+# their backward exponentiates the output they save (softmax = exp(log_softmax))
+_LOG_SOFTMAX = frozenset({F.log_softmax, F.cross_entropy, torch.log_softmax, torch.Tensor.log_softmax,
+                          torch.special.log_softmax, torch.logsumexp, torch.Tensor.logsumexp})
 
 
-class _AttentionWatch(TorchFunctionMode):
-    """Tells the compressor which shapes the attention being called saves at its floor."""
+@dataclass(frozen=True)
+class _Watched:
+    """An exponentiating op being called: what it saves goes at the floor, or (``shapes``
+    given) only what has one of those shapes, and the rest (a logsumexp, a mask) exact."""
+    shapes: frozenset[tuple[int, ...]] | None = None
+
+
+class _ExponentialWatch(TorchFunctionMode):
+    """Tells the compressor when an op whose backward exponentiates what it saves runs."""
 
     def __init__(self, compressor: HookCompressor) -> None:
         super().__init__()
@@ -48,16 +64,20 @@ class _AttentionWatch(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is not torch.nn.functional.scaled_dot_product_attention:
+        if func in _ATTENTION:
+            bound = dict(zip(("query", "key", "value"), args)) | kwargs
+            query, key, value = bound["query"], bound["key"], bound["value"]
+            output = (*query.shape[:-1], value.shape[-1])
+            watched = _Watched(frozenset({tuple(query.shape), tuple(key.shape), tuple(value.shape), output}))
+        elif func in _LOG_SOFTMAX:
+            watched = _Watched()
+        else:
             return func(*args, **kwargs)
-        bound = dict(zip(("query", "key", "value"), args)) | kwargs
-        query, key, value = bound["query"], bound["key"], bound["value"]
-        output = (*query.shape[:-1], value.shape[-1])
-        self._compressor.attention_shapes = {tuple(query.shape), tuple(key.shape), tuple(value.shape), output}
+        self._compressor.watched = watched
         try:
             return func(*args, **kwargs)
         finally:
-            self._compressor.attention_shapes = None
+            self._compressor.watched = None
 
 
 @dataclass(frozen=True)
@@ -74,12 +94,12 @@ class HookCompressor:
 
     def __init__(
         self, model: torch.nn.Module, *, registry: SlotRegistry, bits: int, group_size: int, min_numel: int,
-        feature_groups: bool = True, rotation: int = 0, dithered: bool = False, nonlinear_bits: int = ATTENTION_FLOOR,
+        feature_groups: bool = True, rotation: int = 0, dithered: bool = False, nonlinear_bits: int = EXPONENTIAL_FLOOR,
     ) -> None:
         self.bits, self.group_size, self.min_numel = bits, group_size, min_numel
         self.feature_groups = feature_groups
-        self.attention_bits = max(bits, nonlinear_bits, ATTENTION_FLOOR)
-        self.attention_shapes: set[tuple[int, ...]] | None = None  # while an attention op runs
+        self.exponential_bits = max(bits, nonlinear_bits, EXPONENTIAL_FLOOR)
+        self.watched: _Watched | None = None  # while an exponentiating op runs
         self._model = model
         site = registry.new_site()
         site.rotation = rotation  # the ops rotate the tensors whose innermost dimension it divides
@@ -96,11 +116,12 @@ class HookCompressor:
 
     def _bits_for(self, tensor: torch.Tensor) -> int | None:
         """The width to pack ``tensor`` at, or None to keep it as it is."""
-        if self.attention_shapes is None or tensor.dtype == torch.bool:
+        watched = self.watched
+        if watched is None or tensor.dtype == torch.bool:
             return self.bits  # a bool tensor is packed losslessly
-        if tuple(tensor.shape) not in self.attention_shapes or self.attention_bits >= 32:
-            return None  # the logsumexp, a mask: the backward exponentiates against them
-        return self.attention_bits
+        if watched.shapes is not None and tuple(tensor.shape) not in watched.shapes:
+            return None  # attention's logsumexp, a mask: the backward exponentiates against them
+        return None if self.exponential_bits >= 32 else self.exponential_bits
 
     def _pack(self, tensor: torch.Tensor, parameters: set[int], packed: dict):
         bits = None if self._keep(tensor, parameters) else self._bits_for(tensor)
@@ -142,5 +163,5 @@ class HookCompressor:
         packed: dict = {}
         self.last_step = HookStep(self.bits)
         with torch.autograd.graph.saved_tensors_hooks(lambda t: self._pack(t, parameters, packed), self._unpack), \
-                _AttentionWatch(self):
+                _ExponentialWatch(self):
             yield self
