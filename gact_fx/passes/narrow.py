@@ -5,14 +5,19 @@ projection again on its stored input. With a fused projection the value is a thi
 the output: the chain from the matmul views the output's columns as ``(3, heads,
 head_dim)`` (or keeps them as one dimension), then picks the value with a select, an
 ``unbind``, a ``split`` or a slice. ``find_narrowing`` follows the output's columns
-through those views to that pick and, when it takes a contiguous range of them, the
-backward multiplies by those columns of the weight only (a slice of the weight and the
-bias, no copy): a third of the matmul. The views before the pick get the narrowed
-sizes, and the pick becomes a select of index 0 or nothing.
+through those views to that pick and finds the columns it keeps; the backward
+multiplies by those columns of the weight only: a third of the matmul. Picked along the
+outermost column dimension they are one range (a slice of the weight and the bias, no
+copy). Picked along an inner one (GPT-NeoX's ``(heads, 3 * head_dim)``, each head's
+query, key and value side by side) they are a range within each step of the dimensions
+outside it, gathered from the weight and the bias into a copy in that order. The views
+before the pick get the narrowed sizes, and the pick becomes a select of index 0 or
+nothing.
 
 Only chains this analysis can follow are narrowed (views that keep the rows ahead of
-the columns, permutes, then one pick along the outermost column dimension); any other
-chain is replayed whole, as before.
+the columns, permutes, then one pick along a column dimension that every view before
+it either keeps whole or splits outside of); any other chain is replayed whole, as
+before.
 """
 
 from __future__ import annotations
@@ -48,15 +53,26 @@ _ROW = None  # a dimension made of the matmul's rows
 
 @dataclass(frozen=True)
 class Narrowing:
-    """How to replay ``chain`` for output columns ``start:stop`` of ``matmul`` only."""
+    """How to replay ``chain`` for the output columns of ``matmul`` that its pick keeps:
+    indices ``lo:hi`` of the column dimension ``picked``, in every step of the dimensions
+    outside it."""
     matmul: fx.Node
-    start: int
-    stop: int
+    width: int  # the matmul's output columns
+    picked: _Columns
+    lo: int
+    hi: int
     shapes: dict[fx.Node, list]  # the reshapes before the pick, and their narrowed shapes
     pick: fx.Node  # the node that picked the columns
     source: fx.Node  # the tensor it picked them from (past the unbind or split, not replayed)
     dim: int  # the dimension it picked along
     drops_dim: bool  # a select or unbind drops it; a split or slice keeps it
+
+    @property
+    def spans(self) -> tuple[tuple[int, int], ...]:
+        """The output columns kept, as ``(start, stop)`` ranges in order."""
+        step = self.picked.size * self.picked.stride
+        return tuple((outer + self.lo * self.picked.stride, outer + self.hi * self.picked.stride)
+                     for outer in range(0, self.width, step))
 
     def replay(self, graph: fx.Graph, fw_node: fx.Node, backward_of: Callable) -> fx.Node | None:
         """The backward node for ``fw_node``: narrowed where the chain changes, else a copy
@@ -65,10 +81,8 @@ class Narrowing:
             return None
         if fw_node is self.matmul:
             *bias, a, b = (backward_of(arg) for arg in fw_node.args)
-            columns = _call(graph, aten.slice.Tensor, (b, 1, self.start, self.stop))
-            if bias:
-                bias = [_call(graph, aten.slice.Tensor, (bias[0], -1, self.start, self.stop))]
-            return _call(graph, fw_node.target, (*bias, a, columns))
+            columns = self._kept(graph, b, dim=1)
+            return _call(graph, fw_node.target, (*(self._kept(graph, x, dim=0) for x in bias), a, columns))
         if fw_node in self.shapes:
             shape = [backward_of(size) if isinstance(size, fx.Node) else size for size in self.shapes[fw_node]]
             return _call(graph, fw_node.target, (backward_of(fw_node.args[0]), shape))
@@ -76,6 +90,20 @@ class Narrowing:
             source = backward_of(self.source)
             return _call(graph, aten.select.int, (source, self.dim, 0)) if self.drops_dim else source
         return copy_node(graph, fw_node, backward_of)
+
+    def _kept(self, graph: fx.Graph, tensor: fx.Node, dim: int) -> fx.Node:
+        """The kept columns of ``tensor``, whose dimension ``dim`` holds the output's columns."""
+        (start, stop), *more = self.spans
+        if not more:
+            return _call(graph, aten.slice.Tensor, (tensor, dim, start, stop))
+        size, stride = self.picked.size, self.picked.stride
+        shape = list(tensor.meta["val"].shape)
+        split = shape[:dim] + [self.width // (size * stride), size, stride] + shape[dim + 1:]
+        kept = _call(graph, aten.slice.Tensor, (_call(graph, aten.view.default, (tensor, split)), dim + 1, self.lo,
+                                                self.hi))
+        gathered = _call(graph, aten.clone.default, (kept,))  # contiguous, in the kept columns' order
+        kept_width = len(self.spans) * (stop - start)
+        return _call(graph, aten.view.default, (gathered, shape[:dim] + [kept_width] + shape[dim + 1:]))
 
 
 def picked_from(node: fx.Node) -> fx.Node | None:
@@ -203,24 +231,32 @@ def _narrowing(matmul, width, dims, reshapes, pick) -> Narrowing | None:
     if dim is None or dims[dim] is _ROW:
         return None
     picked = dims[dim]
-    if picked.stride != max(d.stride for d in dims if d is not _ROW):
-        return None  # only along the outermost column dimension is the range contiguous
     kept = _picked_range(pick, picked.size)
-    if kept is None:
-        return None
-    start, stop = kept[0] * picked.stride, kept[1] * picked.stride
-    narrow = stop - start
-    if narrow == width:
+    if kept is None or kept[1] - kept[0] == picked.size:
         return None
     shapes = {}
     for node, first in reshapes:
         shape = list(node.args[1])
-        outer = math.prod(node.meta["val"].shape[first + 1:])  # the stride of its outermost column dimension
-        if narrow % outer:
-            return None
-        shape[first] = narrow // outer
+        sizes = node.meta["val"].shape
+        for i in range(first, len(sizes)):
+            narrowed = _narrowed_size(_Columns(sizes[i], math.prod(sizes[i + 1:])), picked, kept[1] - kept[0])
+            if narrowed is None:
+                return None
+            shape[i] = narrowed
         shapes[node] = shape
     unbound = picked_from(pick)
     source = pick.args[0] if unbound is None else unbound.args[0]
     drops_dim = pick.target is aten.select.int or (unbound is not None and unbound.target is aten.unbind.int)
-    return Narrowing(matmul, start, stop, shapes, pick, source, dim, drops_dim)
+    return Narrowing(matmul, width, picked, kept[0], kept[1], shapes, pick, source, dim, drops_dim)
+
+
+def _narrowed_size(columns: _Columns, picked: _Columns, kept: int) -> int | None:
+    """The size of a view's column dimension once the picked dimension keeps ``kept`` of
+    its indices: the same if it lies wholly outside or inside one step of the picked
+    dimension, smaller if it spans it, ``None`` if it splits it."""
+    low, high = columns.stride, columns.stride * columns.size
+    if low >= picked.stride * picked.size or high <= picked.stride:
+        return columns.size
+    if low <= picked.stride and high >= picked.stride * picked.size:
+        return columns.size * kept // picked.size
+    return None

@@ -10,8 +10,8 @@ from gact_fx.passes import affine
 from gact_fx.passes.narrow import find_narrowing
 from gact_fx.runtime.ops import blob_nbytes
 
-from ..helpers import (baseline_backend, compiled_grads, dynamic_batch_steps, one_graph_step, relative_error,
-                       squared_loss_grad, tiny_gpt2)
+from ..helpers import (HFWrapper, baseline_backend, compiled_grads, dynamic_batch_steps, one_graph_step,
+                       relative_error, squared_loss_grad, tiny_gpt2)
 
 
 def fused_heads(qkv, heads):  # the char GPT's and timm's layout
@@ -46,12 +46,12 @@ class Attention(nn.Module):
 
 
 X = torch.randn(8, 32, 64, generator=torch.Generator().manual_seed(1))
-# the output columns each layout's rebuilt value reads: the value's third, or all of them
+# the output columns each layout's rebuilt value reads: the value's third, one range or a range per head
 LAYOUTS = {
-    "fused heads": (fused_heads, (128, 192)),
-    "split columns": (split_columns, (128, 192)),
-    "unbind, then transpose": (unbind_then_transpose, (128, 192)),
-    "interleaved heads": (interleaved_heads, None),
+    "fused heads": (fused_heads, ((128, 192),)),
+    "split columns": (split_columns, ((128, 192),)),
+    "unbind, then transpose": (unbind_then_transpose, ((128, 192),)),
+    "interleaved heads": (interleaved_heads, ((32, 48), (80, 96), (128, 144), (176, 192))),
 }
 
 
@@ -69,7 +69,7 @@ def spy_on_narrowing(monkeypatch, narrow: bool = True) -> list:
 
     def spy(carrier, chain):
         narrowing = find_narrowing(carrier, chain) if narrow else None
-        found.append(narrowing and (narrowing.start, narrowing.stop))
+        found.append(narrowing and narrowing.spans)
         return narrowing
 
     monkeypatch.setattr(affine, "find_narrowing", spy)
@@ -99,7 +99,7 @@ def test_the_value_is_rebuilt_from_its_own_columns_and_the_gradient_is_the_whole
 def test_a_dynamic_batch_narrows_without_specialising_it(monkeypatch):
     found = spy_on_narrowing(monkeypatch)
     dynamic_batch_steps(attention(split_columns), X, bits=8, recompute_projections=True)
-    assert found == [(128, 192)]
+    assert found == [((128, 192),)]
 
 
 def test_transformers_gpt2s_values_are_rebuilt_from_their_columns(monkeypatch):
@@ -111,6 +111,25 @@ def test_transformers_gpt2s_values_are_rebuilt_from_their_columns(monkeypatch):
     torch._dynamo.reset()
     backend = gact_fx.backend(compiler="eager", bits=8, recompute_projections=True)
     (grad,), _ = compiled_grads(model, (tokens,), backend)
-    assert found == [(128, 192)] * 2  # each layer's value: the last third of c_attn's columns
+    assert found == [((128, 192),)] * 2  # each layer's value: the last third of c_attn's columns
+    assert len([r for r in backend.report().rows if r.stored.startswith("rebuilt") and len(r.shape) == 4]) == 2
+    assert relative_error(grad, exact) < 2e-2
+
+
+def test_transformers_gpt_neoxs_interleaved_values_are_rebuilt_from_their_columns(monkeypatch):
+    from transformers import GPTNeoXConfig, GPTNeoXModel
+
+    found = spy_on_narrowing(monkeypatch)
+    torch.manual_seed(0)
+    config = GPTNeoXConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                           intermediate_size=128, max_position_embeddings=64, attn_implementation="sdpa")
+    model = HFWrapper(GPTNeoXModel(config))
+    tokens = torch.randint(0, 128, (4, 32), generator=torch.Generator().manual_seed(0))
+    (exact,), _ = compiled_grads(model, (tokens,), baseline_backend())
+    torch._dynamo.reset()
+    backend = gact_fx.backend(compiler="eager", bits=8, recompute_projections=True)
+    (grad,), _ = compiled_grads(model, (tokens,), backend)
+    # each layer's value: the last 16 of each head's 48 columns of query_key_value
+    assert found == [((32, 48), (80, 96), (128, 144), (176, 192))] * 2
     assert len([r for r in backend.report().rows if r.stored.startswith("rebuilt") and len(r.shape) == 4]) == 2
     assert relative_error(grad, exact) < 2e-2
