@@ -8,14 +8,14 @@ integer tensors and tensors under ``min_numel`` are kept as they are. Unlike the
 compiler pass this cannot see the backward graph, so it cannot keep ReLU masks exact:
 at low bits prefer the compiled path.
 
-The ops whose backward exponentiates what they save are watched (a
-``TorchFunctionMode``), and what they save is packed at no fewer than
-``EXPONENTIAL_FLOOR`` bits (or ``nonlinear_bits``, if higher), as the compiled path's
-``passes.uses`` would: a log-softmax (cross-entropy's too) and a logsumexp; and a fused
-attention, whose backward rebuilds its softmax from the saved query and key and the
-saved logsumexp, which the hooks cannot recompute consistently (``passes.attention``
-does, on the compiled path): its logsumexp and mask, anything not shaped like its query,
-key, value or output, are kept as they are.
+Some ops' backward exponentiates what they save, where rounding noise does not average
+out (``passes.uses``): a log-softmax (cross-entropy's too), a logsumexp, and a fused
+attention, whose backward rebuilds its softmax from the saved query, key and logsumexp
+(the compiled path recomputes them consistently, ``passes.attention``; hooks cannot). A
+``TorchFunctionMode`` watches for these ops, and what they save is packed at
+``EXPONENTIAL_FLOOR`` bits or more (``nonlinear_bits``, if higher); attention's
+logsumexp and mask, anything not shaped like its query, key, value or output, are kept
+as they are.
 """
 
 from __future__ import annotations
