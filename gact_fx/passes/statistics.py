@@ -45,6 +45,10 @@ MULTI_OUTPUT_REDUCTIONS = {
     aten.native_layer_norm.default: (1, 2),
     aten.native_group_norm.default: (1, 2),
 }
+# The fused attention forwards, whose output 1 is the logsumexp (return names vary by release)
+_ATTENTION_FORWARDS = frozenset(f"aten::_scaled_dot_product_{variant}" for variant in (
+    "flash_attention", "flash_attention_for_cpu", "efficient_attention", "cudnn_attention",
+    "fused_attention_overrideable"))
 # Ops that keep every element: a statistic stays one through them.
 _VIEWS = frozenset({
     aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.squeeze.dim, aten.squeeze.dims,
@@ -94,9 +98,7 @@ def _classify(node: fx.Node, found: dict[fx.Node, str]) -> str | None:
 
 def _is_attention_logsumexp(producer: fx.Node, index: int) -> bool:
     schema = getattr(producer.target, "_schema", None)
-    if schema is None or not schema.name.startswith("aten::_scaled_dot_product") or schema.name.endswith("_backward"):
-        return False
-    return index < len(schema.returns) and schema.returns[index].name in ("logsumexp", "log_sumexp")
+    return index == 1 and schema is not None and schema.name in _ATTENTION_FORWARDS
 
 
 def _elementwise_of_statistics(node: fx.Node, found: dict[fx.Node, str]) -> str | None:
