@@ -238,9 +238,10 @@ class PassesConfig:
     """Also stop saving a tensor that a matmul by a parameter computes from another saved
     tensor (attention's value, from the normalised input the QKV projection's weight
     gradient keeps) and rebuild it in the backward (``passes.affine``): that tensor's
-    bytes fewer, for the matmul again in the backward (with a fused QKV projection, all
-    of it). Only tensors the backward reads linearly, at no more bits than the one they
-    are rebuilt from; query and key keep their stored copies."""
+    bytes fewer, for the matmul again in the backward (with a fused QKV projection, the
+    value's columns of it, ``passes.narrow``). Only tensors the backward reads linearly,
+    at no more bits than the one they are rebuilt from; query and key keep their stored
+    copies."""
 
     offload: bool = False
     """Keep the compressed blobs in CPU memory between forward and backward (GACT's L3),
