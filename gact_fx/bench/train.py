@@ -221,7 +221,9 @@ class _Run:
             warm.restore(self.model, self.optimizer, self.schedule, self.generator)
         self.result = TrainResult(task.name, method, options, task.metric, warm_steps=warm.steps if warm else 0)
 
-    def go(self, steps: int, eval_every: int, progress) -> TrainResult:
+    def go(self, steps: int, eval_every: int, progress, observer=None) -> TrainResult:
+        """``observer``: an object whose ``before(step, inputs, target)`` runs before each
+        step's forward and ``after(step, loss)`` after its backward (``bench.replay``)."""
         task, model, optimizer, schedule, result = self.task, self.model, self.optimizer, self.schedule, self.result
         first = result.warm_steps + 1
         last = first + steps - 1
@@ -229,10 +231,14 @@ class _Run:
         started = time.perf_counter()
         for step in range(first, last + 1):
             inputs, target = task.batch(step, self.generator)
+            if observer is not None:
+                observer.before(step, inputs, target)
             loss = task.loss(compiled(*inputs), target)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             result.grad_norms.append(_gradient_norm(model))
+            if observer is not None:
+                observer.after(step, loss)
             if self.max_grad_norm is not None:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), self.max_grad_norm)
             optimizer.step()

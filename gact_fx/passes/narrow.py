@@ -93,16 +93,16 @@ class Narrowing:
 
     def _kept(self, graph: fx.Graph, tensor: fx.Node, dim: int) -> fx.Node:
         """The kept columns of ``tensor``, whose dimension ``dim`` holds the output's columns."""
-        (start, stop), *more = self.spans
-        if not more:
-            return _call(graph, aten.slice.Tensor, (tensor, dim, start, stop))
+        spans = self.spans
+        if len(spans) == 1:
+            return _call(graph, aten.slice.Tensor, (tensor, dim, *spans[0]))
         size, stride = self.picked.size, self.picked.stride
         shape = list(tensor.meta["val"].shape)
         split = shape[:dim] + [self.width // (size * stride), size, stride] + shape[dim + 1:]
         kept = _call(graph, aten.slice.Tensor, (_call(graph, aten.view.default, (tensor, split)), dim + 1, self.lo,
                                                 self.hi))
         gathered = _call(graph, aten.clone.default, (kept,))  # contiguous, in the kept columns' order
-        kept_width = len(self.spans) * (stop - start)
+        kept_width = len(spans) * (self.hi - self.lo) * stride
         return _call(graph, aten.view.default, (gathered, shape[:dim] + [kept_width] + shape[dim + 1:]))
 
 
