@@ -16,6 +16,12 @@ attention, whose backward rebuilds its softmax from the saved query, key and log
 ``EXPONENTIAL_FLOOR`` bits or more (``nonlinear_bits``, if higher); attention's
 logsumexp and mask, anything not shaped like its query, key, value or output, are kept
 as they are.
+
+GELU's, SiLU's, tanh's and sigmoid's backward recompute a curved derivative from what
+they save, biased once that is rounded: the same mode runs them through
+``local_derivatives.SavedDerivative``, which saves the derivative instead (GELU and SiLU
+always, at no extra bytes; tanh and sigmoid, whose output the next op usually saves too,
+at ``COARSE_BITS`` or fewer, where the bias is worth a tensor).
 """
 
 from __future__ import annotations
@@ -28,7 +34,9 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ._compat import version_counter
+from .local_derivatives import Curve, SavedDerivative, curve_call
 from .measure import note_saved, saved_as_is
+from .passes.derivatives import COARSE_BITS
 from .passes.plan import encoding_order, layout_of
 from .report import HookStep
 from .runtime import ops as _ops  # noqa: F401  (registers torch.ops.gact)
@@ -55,8 +63,9 @@ class _Watched:
     shapes: frozenset[tuple[int, ...]] | None = None
 
 
-class _ExponentialWatch(TorchFunctionMode):
-    """Tells the compressor when an op whose backward exponentiates what it saves runs."""
+class _NonlinearWatch(TorchFunctionMode):
+    """Tells the compressor when an op whose backward exponentiates what it saves runs, and
+    runs a curved elementwise op through ``SavedDerivative`` where the compressor asks for it."""
 
     def __init__(self, compressor: HookCompressor) -> None:
         super().__init__()
@@ -72,6 +81,11 @@ class _ExponentialWatch(TorchFunctionMode):
         elif func in _LOG_SOFTMAX:
             watched = _Watched()
         else:
+            call = curve_call(func, args, kwargs)
+            if call is not None:
+                curve, x, options = call
+                if self._compressor.saves_derivative(curve, x):
+                    return SavedDerivative.apply(x, curve, options)
             return func(*args, **kwargs)
         self._compressor.watched = watched
         try:
@@ -100,12 +114,21 @@ class HookCompressor:
         self.feature_groups = feature_groups
         self.exponential_bits = max(bits, nonlinear_bits, EXPONENTIAL_FLOOR)
         self.watched: _Watched | None = None  # while an exponentiating op runs
+        self._parameters: set[int] = set()  # the storages of the model's parameters and buffers, while active
         self._model = model
         site = registry.new_site()
         site.rotation = rotation  # the ops rotate the tensors whose innermost dimension it divides
         site.dithered = dithered
         self._slot = site.slot
         self.last_step = HookStep(bits)  # what the hooks did in the latest forward (the report's)
+
+    def saves_derivative(self, curve: Curve, x: torch.Tensor) -> bool:
+        """Whether ``curve`` applied to ``x`` should save its derivative instead of what it saves."""
+        if not (torch.is_grad_enabled() and x.requires_grad) or self.bits >= 32 or self.watched is not None:
+            return False
+        if curve.saves_output and self.bits > COARSE_BITS:
+            return False  # a tensor more, for a bias that shrinks 4x with each bit
+        return not self._keep(x, self._parameters)
 
     def _keep(self, tensor: torch.Tensor, parameters: set[int]) -> bool:
         if tensor.dtype != torch.bool and tensor.dtype not in FLOAT_DTYPES:
@@ -160,8 +183,12 @@ class HookCompressor:
     def active(self):
         parameters = {p.untyped_storage().data_ptr() for p in self._model.parameters()}
         parameters |= {b.untyped_storage().data_ptr() for b in self._model.buffers()}
+        self._parameters = parameters
         packed: dict = {}
         self.last_step = HookStep(self.bits)
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: self._pack(t, parameters, packed), self._unpack), \
-                _ExponentialWatch(self):
-            yield self
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: self._pack(t, parameters, packed), self._unpack), \
+                    _NonlinearWatch(self):
+                yield self
+        finally:
+            self._parameters = set()
