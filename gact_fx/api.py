@@ -140,6 +140,7 @@ class _GatedCall:
             self.model, registry=handle.backend.registry, bits=config.initial_bits, group_size=config.core.group_size,
             min_numel=config.core.min_numel, feature_groups=config.core.feature_groups, rotation=config.core.rotation,
             dithered=config.core.rounding == "dithered", nonlinear_bits=config.core.nonlinear_bits,
+            save_derivatives=config.passes.save_derivatives,
         )
         log.warning(
             "gact: torch.compile captured no training graph of %s, so this step ran uncompressed; "

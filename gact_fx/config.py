@@ -206,7 +206,8 @@ class PassesConfig:
     """Save the local derivative of an elementwise nonlinearity (GELU, SiLU) computed in
     the forward from the exact input, instead of the input the backward would
     differentiate after rounding (``passes.derivatives``); only where that adds no bytes.
-    False stores the input, which at 2 bits biases the gradient."""
+    False stores the input, which at 2 bits biases the gradient. The saved-tensor hooks
+    do the same for GELU, SiLU, tanh and sigmoid (``local_derivatives``)."""
 
     recompute_attention: bool = True
     """Give each fused attention backward whose inputs are stored lossy the output and

@@ -21,7 +21,8 @@ GELU's, SiLU's, tanh's and sigmoid's backward recompute a curved derivative from
 they save, biased once that is rounded: the same mode runs them through
 ``local_derivatives.SavedDerivative``, which saves the derivative instead (GELU and SiLU
 always, at no extra bytes; tanh and sigmoid, whose output the next op usually saves too,
-at ``COARSE_BITS`` or fewer, where the bias is worth a tensor).
+at ``COARSE_BITS`` or fewer, where the bias is worth a tensor; not with
+``save_derivatives=False``).
 """
 
 from __future__ import annotations
@@ -109,10 +110,12 @@ class HookCompressor:
     def __init__(
         self, model: torch.nn.Module, *, registry: SlotRegistry, bits: int, group_size: int, min_numel: int,
         feature_groups: bool = True, rotation: int = 0, dithered: bool = False, nonlinear_bits: int = EXPONENTIAL_FLOOR,
+        save_derivatives: bool = True,
     ) -> None:
         self.bits, self.group_size, self.min_numel = bits, group_size, min_numel
         self.feature_groups = feature_groups
         self.exponential_bits = max(bits, nonlinear_bits, EXPONENTIAL_FLOOR)
+        self.save_derivatives = save_derivatives
         self.watched: _Watched | None = None  # while an exponentiating op runs
         self._parameters: set[int] = set()  # the storages of the model's parameters and buffers, while active
         self._model = model
@@ -124,7 +127,9 @@ class HookCompressor:
 
     def saves_derivative(self, curve: Curve, x: torch.Tensor) -> bool:
         """Whether ``curve`` applied to ``x`` should save its derivative instead of what it saves."""
-        if not (torch.is_grad_enabled() and x.requires_grad) or self.bits >= 32 or self.watched is not None:
+        if not (self.save_derivatives and torch.is_grad_enabled() and x.requires_grad):
+            return False
+        if self.bits >= 32 or self.watched is not None:
             return False
         if curve.saves_output and self.bits > COARSE_BITS:
             return False  # a tensor more, for a bias that shrinks 4x with each bit

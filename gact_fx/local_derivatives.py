@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torch.autograd.function import once_differentiable
 
 aten = torch.ops.aten
 F = torch.nn.functional
@@ -74,7 +73,24 @@ class SavedDerivative(torch.autograd.Function):
         return y
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad: torch.Tensor):
         (derivative,) = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph: a double backward may differentiate this
+            return _FirstOrder.apply(grad, derivative), None, None
         return grad * derivative, None, None
+
+
+class _FirstOrder(torch.autograd.Function):
+    """``grad * derivative`` with no derivative of its own."""
+
+    @staticmethod
+    def forward(ctx, grad: torch.Tensor, derivative: torch.Tensor) -> torch.Tensor:
+        return grad * derivative
+
+    @staticmethod
+    def backward(ctx, _):
+        raise RuntimeError(
+            "gact: a double backward through GELU, SiLU, tanh or sigmoid under compress(..., fallback='hooks'), "
+            "which saved the activation's derivative instead of its input: pass save_derivatives=False "
+            "to keep the input, whose derivatives torch has"
+        )

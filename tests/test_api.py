@@ -122,6 +122,14 @@ def test_the_hook_fallback_respects_level_l0_and_says_adaptive_becomes_uniform(c
     assert adaptive.gact.hooks.bits == 4 and any("same width" in m for m in caplog.messages)
 
 
+def test_the_hook_fallback_takes_the_passes_it_has_a_counterpart_of():
+    model, inputs = family("untraceable")
+    for save in (True, False):
+        compressed = gact_fx.compress(copy.deepcopy(model), bits=2, fallback="hooks", save_derivatives=save)
+        step(compressed, inputs)
+        assert compressed.gact.hooks.save_derivatives is save
+
+
 def test_graph_breaks_are_logged(caplog):
     model, inputs = family("gcn")
     compressed = gact_fx.compress(model, bits=8, min_numel=64)
