@@ -78,7 +78,7 @@ class CoreConfig:
     ``"stochastic"`` rounds up or down at random; ``"dithered"`` (subtractive dither) keeps
     the same codes and subtracts the same noise when it decodes, which halves the variance
     the rounding adds (``runtime.format``) for 8 more bytes a tensor and a decoder that
-    draws the noise again (docs/accuracy.md). Needs ``lowering='op'``."""
+    draws the noise again (docs/accuracy.md). Not with ``lowering='aten'``."""
 
     min_numel: int = 4096
     """Saved tensors with fewer elements stay in full precision (too small to matter)."""
@@ -273,7 +273,8 @@ class CompileConfig:
     on CUDA, the C++ codec on the CPU), 'aten' (plain aten ops Inductor fuses into the
     neighbouring kernels; needs compiler='inductor'), 'triton' (gact's Triton kernels as
     kernels Inductor launches itself, without a custom op's host work around each; CUDA),
-    or 'auto' (the ops). 'aten' and 'triton' need bits fixed at compile time."""
+    or 'auto' (the ops). 'aten' and 'triton' need bits fixed at compile time and no
+    rotation; 'aten' also needs stochastic rounding."""
 
     partitioner: str = "min_cut"
     """Which stock partitioner decides what is saved before gact compresses it:
@@ -316,9 +317,9 @@ class GactConfig:
             if traced and getattr(self.core, name):
                 raise ValueError(f"lowering={self.compile.lowering!r} writes plain blobs in traced code; {name} needs "
                                  "lowering='op' or 'auto'")
-        if traced and self.core.rounding != "stochastic":
-            raise ValueError(f"lowering={self.compile.lowering!r} writes plain blobs in traced code; "
-                             f"rounding={self.core.rounding!r} needs lowering='op' or 'auto'")
+        if self.compile.lowering == "aten" and self.core.rounding != "stochastic":
+            raise ValueError(f"lowering='aten' writes plain blobs in traced code; rounding={self.core.rounding!r} "
+                             "needs lowering='op', 'auto' or 'triton'")
         if self.passes.debias_attention and not self.passes.recompute_attention:
             raise ValueError("debias_attention=True evaluates each attention backward at its recomputed output; it "
                              "needs recompute_attention=True")

@@ -147,7 +147,8 @@ class GactPartitioner:
         if lowering in ("aten", "triton"):
             from .passes.lower import lower_ops  # imports Inductor's prims
 
-            stopwatch.time(f"lower to {lowering}", lambda: lower_ops(fw, bw, num_fwd_outputs, lowering))
+            dithered = self.config.core.rounding == "dithered"
+            stopwatch.time(f"lower to {lowering}", lambda: lower_ops(fw, bw, num_fwd_outputs, lowering, dithered))
         if self.config.passes.offload:
             stopwatch.time("offload", lambda: offload_blobs(fw, bw, num_fwd_outputs, static_indices))
         record.attach_code(before=code_before, after=(fw.code, bw.code))

@@ -45,13 +45,21 @@ def _traced_kernels(backend) -> list[str]:
     return [kernel_side_table.get_kernel(i).fn.fn.__name__ for i in indices]
 
 
-@pytest.mark.parametrize("name, dtype", [("mlp", torch.float32), ("block", torch.bfloat16)])
-def test_the_triton_lowering_writes_the_ops_blobs(device, name, dtype):
+# the 10x and 12x levels' fixed-width parts: dithered blobs (with their key), query and key
+# decoded again under other noise, the value rebuilt from its projection's input
+_DITHERED = {"rounding": "dithered", "nonlinear_bits": 4, "debias_attention": True, "recompute_projections": True}
+
+
+@pytest.mark.parametrize("name, dtype, options", [("mlp", torch.float32, {}), ("block", torch.bfloat16, {}),
+                                                  ("block", torch.float32, _DITHERED)],
+                         ids=["mlp", "block-bf16", "block-dithered"])
+def test_the_triton_lowering_writes_the_ops_blobs(device, name, dtype, options):
     model, inputs = model_case(name)
     model = model.to(device, dtype)
     inputs = tuple(i.to(device, dtype) if i.is_floating_point() else i.to(device) for i in inputs)
-    (expected,), _ = compiled_grads(model, inputs, gact_fx.backend(bits=2, compiler="eager", lowering="op"))
-    traced = gact_fx.backend(bits=2, compiler="eager", lowering="triton")
+    (expected,), _ = compiled_grads(model, inputs, gact_fx.backend(bits=2, compiler="eager", lowering="op",
+                                                                   **options))
+    traced = gact_fx.backend(bits=2, compiler="eager", lowering="triton", **options)
     with traced_launches_run():
         (got,), _ = compiled_grads(model, inputs, traced)
     assert torch.equal(got, expected)
@@ -62,6 +70,8 @@ def test_the_triton_lowering_writes_the_ops_blobs(device, name, dtype):
         c.is_float for c in traced.records[0].compressions)
     if name == "block":  # groups along features, read and written in place
         assert {"encode_features_kernel", "decode_features_kernel"} <= set(kernels)
+    if options:
+        assert traced.records[0].debiased_slots and "gact.redither" in backward
 
 
 @pytest.mark.slow

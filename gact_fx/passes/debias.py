@@ -91,8 +91,11 @@ def _shifted_roots(emit: _Emitter, root: fx.Node) -> tuple[fx.Node, fx.Node]:
     """The decoded ``root`` plus and minus ``z``: the difference of a second decode under other
     noise, over sqrt(2)."""
     blob, shape, dtype, group_size, perm, slot, *rest = root.args
-    again = emit(DEQUANTIZE, emit(REDITHER, blob, shape, group_size, slot), shape, dtype, group_size, perm, slot,
-                 *rest, **root.kwargs)
+    redithered = emit(REDITHER, blob, shape, group_size, slot)
+    again = emit(DEQUANTIZE, redithered, shape, dtype, group_size, perm, slot, *rest, **root.kwargs)
+    for copy, original in ((redithered, blob), (again, root)):  # what a lowering reads: the width, the tensor
+        if "gact" in original.meta:
+            copy.meta["gact"] = dict(original.meta["gact"])
     # special values decode the same both times: inf - inf (or a NaN) must add nothing
     difference = emit(_aten.sub.Tensor, again, root)
     value = difference.meta["val"]

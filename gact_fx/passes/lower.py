@@ -98,25 +98,26 @@ def _inline(graph: fx.Graph, sub: fx.GraphModule, inputs: list[fx.Node], before:
     raise RuntimeError("traced subgraph has no output")
 
 
-def _encoder(codec, perm, bits, group_size):
+def _encoder(codec, perm, bits, group_size, dithered):
     def encode(x, key):
-        return codec.encode(x, perm, bits, group_size, key)
+        return codec.encode(x, perm, bits, group_size, key, dithered)
 
     return encode
 
 
-def _decoder(codec, shape, dtype, group_size, perm, bits, layout):
+def _decoder(codec, shape, dtype, group_size, perm, bits, layout, dithered):
     """``decode(blob, *symbolic sizes)``: the static sizes of ``shape`` are baked in."""
 
     def decode(blob, *sizes):
         given = iter(sizes)
         full = [next(given) if isinstance(s, fx.Node) else s for s in shape]
-        return codec.decode(blob, full, dtype, group_size, perm, bits, layout)
+        return codec.decode(blob, full, dtype, group_size, perm, bits, layout, dithered)
 
     return decode
 
 
-def _lower_quantizes(fw: fx.GraphModule, bw: fx.GraphModule, fake_mode, decompositions, lowering: str) -> None:
+def _lower_quantizes(fw: fx.GraphModule, bw: fx.GraphModule, fake_mode, decompositions, lowering: str,
+                     dithered: bool) -> None:
     quantizes = fw.graph.find_nodes(op="call_function", target=QUANTIZE)
     if any(q.args[1] == RUNTIME_BITS for q in quantizes):
         raise ValueError(f"lowering={lowering!r} needs bits fixed at compile time; adaptive bits use the gact:: ops")
@@ -134,7 +135,7 @@ def _lower_quantizes(fw: fx.GraphModule, bw: fx.GraphModule, fake_mode, decompos
             set_val(key, keys.meta["val"][index])
 
         traced = trace_with_fake_values(
-            _encoder(CODECS[lowering], perm, bits, group_size), [source.meta["val"], key.meta["val"]], fake_mode,
+            _encoder(CODECS[lowering], perm, bits, group_size, dithered), [source.meta["val"], key.meta["val"]], fake_mode,
             decompositions
         )
         blob = _inline(fw.graph, traced, [source, key], node, "quantize")
@@ -146,13 +147,14 @@ def _lower_quantizes(fw: fx.GraphModule, bw: fx.GraphModule, fake_mode, decompos
         rename_node(placeholder, name_in_both(fw, bw, blob, base=node.name))
 
 
-def _lower_dequantizes(bw: fx.GraphModule, fake_mode, decompositions, lowering: str) -> None:
+def _lower_dequantizes(bw: fx.GraphModule, fake_mode, decompositions, lowering: str, dithered: bool) -> None:
     for node in bw.graph.find_nodes(op="call_function", target=DEQUANTIZE):
         blob, shape, dtype, group_size, perm, _, *layout = node.args
         bits = blob.meta["gact"]["bits"]
         symbolic = [s for s in shape if isinstance(s, fx.Node)]
         values = [blob.meta["val"], *(s.meta["val"] for s in symbolic)]
-        decoder = _decoder(CODECS[lowering], shape, dtype, group_size, perm, bits, layout[0] if layout else None)
+        decoder = _decoder(CODECS[lowering], shape, dtype, group_size, perm, bits, layout[0] if layout else None,
+                           dithered)
         traced = trace_with_fake_values(decoder, values, fake_mode, decompositions)
         decoded = _inline(bw.graph, traced, [blob, *symbolic], node, "dequantize")
         decoded.meta["gact"] = dict(node.meta["gact"])
@@ -160,14 +162,16 @@ def _lower_dequantizes(bw: fx.GraphModule, fake_mode, decompositions, lowering: 
         bw.graph.erase_node(node)
 
 
-def lower_ops(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, lowering: str) -> int:
-    """Rewrite in place with ``CODECS[lowering]``; returns the number of quantize ops lowered."""
+def lower_ops(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, lowering: str,
+              dithered: bool = False) -> int:
+    """Rewrite in place with ``CODECS[lowering]``; returns the number of quantize ops lowered
+    (``dithered``: the sites' ``rounding="dithered"``, which the float blobs then carry)."""
     quantizes = fw.graph.find_nodes(op="call_function", target=QUANTIZE)
     if not quantizes:
         return 0
     fake_mode = detect_fake_mode([q.args[0].meta["val"] for q in quantizes])
     decompositions = inductor_decompositions()
-    _lower_quantizes(fw, bw, fake_mode, decompositions, lowering)
-    _lower_dequantizes(bw, fake_mode, decompositions, lowering)
+    _lower_quantizes(fw, bw, fake_mode, decompositions, lowering, dithered)
+    _lower_dequantizes(bw, fake_mode, decompositions, lowering, dithered)
     finish(fw, bw, num_fwd_outputs)
     return len(quantizes)

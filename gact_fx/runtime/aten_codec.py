@@ -23,7 +23,14 @@ from .layout import arrange
 from .reference import decode_bool, decode_groups, decode_raw, encode_groups, quantize_reference
 
 
-def encode(x: torch.Tensor, perm: Sequence[int], bits: int, group_size: int, key: torch.Tensor) -> torch.Tensor:
+def _refuse_dither(dithered: bool) -> None:
+    if dithered:  # GactConfig refuses it first
+        raise ValueError("lowering='aten' writes plain blobs; rounding='dithered' needs lowering='op', 'auto' or 'triton'")
+
+
+def encode(x: torch.Tensor, perm: Sequence[int], bits: int, group_size: int, key: torch.Tensor,
+           dithered: bool = False) -> torch.Tensor:
+    _refuse_dither(dithered)
     flat = x.permute(list(perm)).reshape(-1)
     if x.dtype == torch.bool or bits == fmt.PASS_THROUGH_BITS:
         return quantize_reference(flat, bits, group_size, None)
@@ -32,7 +39,8 @@ def encode(x: torch.Tensor, perm: Sequence[int], bits: int, group_size: int, key
 
 
 def decode(blob, shape: Sequence, dtype: torch.dtype, group_size: int, perm: Sequence[int], bits: int,
-           layout: Sequence[int] | None = None) -> torch.Tensor:
+           layout: Sequence[int] | None = None, dithered: bool = False) -> torch.Tensor:
+    _refuse_dither(dithered)
     numel = math.prod(shape)
     if dtype == torch.bool:
         flat = decode_bool(blob, numel)

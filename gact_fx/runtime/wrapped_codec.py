@@ -6,8 +6,8 @@ kernel), so Inductor launches it from its own generated code, orders it among it
 kernels and captures it in CUDA graphs, without a custom op's dispatch, our Python and
 Triton's launcher around every call. The kernels, and so the blobs, are those of the ops
 (``runtime.triton_kernels``); the noise is keyed by the forward's ``gact::keys``, as in the
-aten lowering. Only for bit widths fixed at compile time, and only where Triton serves the
-tensor (CUDA, or ``GACT_FX_KERNELS=triton`` under ``TRITON_INTERPRET=1``).
+aten lowering; a dithered blob keeps that key for its decode, as the op's does. Only for
+bit widths fixed at compile time, and only where Triton serves the tensor (CUDA, or ``GACT_FX_KERNELS=triton`` under ``TRITON_INTERPRET=1``).
 """
 
 from __future__ import annotations
@@ -31,16 +31,17 @@ def _check_triton(tensor: torch.Tensor, bits: int, dtype: torch.dtype | None = N
         )
 
 
-def encode(x: torch.Tensor, perm: Sequence[int], bits: int, group_size: int, key: torch.Tensor) -> torch.Tensor:
+def encode(x: torch.Tensor, perm: Sequence[int], bits: int, group_size: int, key: torch.Tensor,
+           dithered: bool = False) -> torch.Tensor:
     if x.dtype == torch.uint8:
         x = x.view(torch.bool)  # a mask as bytes, as the op takes it
     _check_triton(x, bits)
     with through_wrap_triton():
-        return encode_permuted(x, perm, bits, group_size, key=key)
+        return encode_permuted(x, perm, bits, group_size, key=key, dithered=dithered)
 
 
 def decode(blob: torch.Tensor, shape: Sequence, dtype: torch.dtype, group_size: int, perm: Sequence[int], bits: int,
-           layout: Sequence[int] | None = None) -> torch.Tensor:
+           layout: Sequence[int] | None = None, dithered: bool = False) -> torch.Tensor:
     _check_triton(blob, bits, dtype)
     with through_wrap_triton():
-        return decode_permuted(blob, shape, dtype, group_size, perm, layout, bits=bits)
+        return decode_permuted(blob, shape, dtype, group_size, perm, layout, bits=bits, dithered=dithered)
