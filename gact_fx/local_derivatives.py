@@ -5,8 +5,9 @@ their derivative from the saved input, tanh's and sigmoid's from the saved outpu
 rounded value that derivative is biased (``E[f'(x + noise)] != f'(x)`` for a curved
 ``f'``). ``SavedDerivative`` computes the derivative in the forward from the exact value
 and saves it instead, so the backward is linear in what was rounded and stochastic
-rounding keeps the gradient unbiased. Its backward is once differentiable: a double
-backward raises instead of missing the derivative's own derivative.
+rounding keeps the gradient unbiased. The derivative's own derivative is not kept: a
+double backward through one raises, naming ``save_derivatives=False``, which leaves the
+op to torch (whose double backward the hooks keep).
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ kernels and captures it in CUDA graphs, without a custom op's dispatch, our Pyth
 Triton's launcher around every call. The kernels, and so the blobs, are those of the ops
 (``runtime.triton_kernels``); the noise is keyed by the forward's ``gact::keys``, as in the
 aten lowering; a dithered blob keeps that key for its decode, as the op's does. Only for
-bit widths fixed at compile time, and only where Triton serves the tensor (CUDA, or ``GACT_FX_KERNELS=triton`` under ``TRITON_INTERPRET=1``).
+bit widths fixed at compile time, and only where Triton serves the tensor (CUDA, or
+``GACT_FX_KERNELS=triton`` under ``TRITON_INTERPRET=1``).
 """
 
 from __future__ import annotations
