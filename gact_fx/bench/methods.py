@@ -16,7 +16,7 @@ kernels launched by Inductor), torch.compile and gact at 2 bits under CUDA graph
 (``mode="reduce-overhead"``: replays that launch a step's kernels without its Python), the
 two together, and
 gact at 3 bits with ``rounding="dithered"``, also with query and key at 4 bits and
-``debias_attention``, and with ``recompute_projections``.
+``debias_attention``, and with ``recompute_projections`` (the ops, or ``lowering="triton"``).
 
 ``compiler="inductor"`` compiles everything with Inductor (a fair step-time comparison);
 ``"eager"`` runs the same partitioned graphs as Python (``--quick``: seconds, not minutes).
@@ -98,6 +98,8 @@ GPU_METHODS: dict[str, Method] = {
                                                              "debias_attention": True}, bits=3),
         Method("gact 3 bit, dithered, projections rebuilt", gact={"bits": 3, "rounding": "dithered",
                                                                    "recompute_projections": True}, bits=3),
+        Method("gact 3 bit, dithered, projections rebuilt, Triton lowering",
+               gact={"bits": 3, "rounding": "dithered", "recompute_projections": True, "lowering": "triton"}, bits=3),
     )},
 }
 QUICK = ("torch.compile", "gact 8 bit", "gact 2 bit", "gact L2.2 (adaptive 2)", "budget 0.5", "fp8 activations (torch)")
