@@ -9,8 +9,8 @@ square over tensors of each one's relative error: the noise an Adam-type optimis
 update carries, as it divides each gradient by its own scale). Against the minibatch's
 own noise (the variance of one batch's exact gradient about the mean over
 ``--batches`` batches, at the same weights): the variance one draw adds, as a share of
-it, over the whole gradient and at the parameter tensor where the share is largest.
-Adaptive levels first probe every tensor (two calls, not counted). CPU, eager path, 1
+it, over the whole gradient and at the parameter tensor where the share is largest, and
+the share of gradient elements where it exceeds the minibatch's own. Adaptive levels first probe every tensor (two calls, not counted). CPU, eager path, 1
 thread. Prints a Markdown table (and writes it to benchmarks/results/NAME.json with
 ``--name``).
 
@@ -163,6 +163,14 @@ def variance_shares(grads: list[torch.Tensor], exact: torch.Tensor, noise: torch
     return float(added.sum() / noise.sum()), largest
 
 
+def elements_above(grads: list[torch.Tensor], exact: torch.Tensor, noise: torch.Tensor) -> float:
+    """The share of gradient elements whose added variance exceeds the minibatch's own: where
+    Adam, which divides each element's step by its own scale, sees mostly rounding noise."""
+    added = ((torch.stack(grads) - exact) ** 2).mean(0)
+    measured = noise > 0
+    return float((added[measured] > noise[measured]).float().mean())
+
+
 def draws(model, batch, loss, options: dict, count: int):
     (tokens,), targets = batch
     backend = gact_fx.backend(compiler="eager", **options)
@@ -193,8 +201,9 @@ def main(argv=None) -> None:
     exact = batch_gradient(model, task, batch)
     sizes = {name: p.numel() for name, p in model.named_parameters() if p.grad is not None}
     lines = ["| configuration | one draw's error | mean's error / averaging floor | one draw's error per parameter "
-             "tensor | variance added / minibatch's | largest over tensors | activations vs fp32 |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "tensor | variance added / minibatch's | largest over tensors | elements above the minibatch's | "
+             "activations vs fp32 |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     print("\n".join(lines), flush=True)
     runs = [(config, size, block, statistics) for config in args.configs for size in args.group_sizes
             for block in args.rotations for statistics in args.statistics]
@@ -212,7 +221,8 @@ def main(argv=None) -> None:
         share, (largest, where) = variance_shares(grads, exact, noise, sizes)
         ratio = report.activation_bytes_before / max(1, report.activation_bytes_after)
         lines.append(f"| {name} | {single:.3f} | {relative_error(torch.stack(grads).mean(0), exact) / floor:.2f} | "
-                     f"{per_tensor:.3f} | {share:.3f} | {largest:.3f} (`{where}`) | {ratio:.1f}x smaller |")
+                     f"{per_tensor:.3f} | {share:.3f} | {largest:.3f} (`{where}`) | "
+                     f"{elements_above(grads, exact, noise):.1%} | {ratio:.1f}x smaller |")
         print(lines[-1], flush=True)
     if args.name:
         print(f"wrote {save_table(args.name, chr(10).join(lines))}", file=sys.stderr)
