@@ -86,6 +86,7 @@ class _NonlinearWatch(TorchFunctionMode):
             if call is not None:
                 curve, x, options = call
                 if self._compressor.saves_derivative(curve, x):
+                    self._compressor.last_step.derivatives += 1
                     return SavedDerivative.apply(x, curve, options)
             return func(*args, **kwargs)
         self._compressor.watched = watched

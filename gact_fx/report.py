@@ -288,6 +288,7 @@ class HookStep:
     bits: int
     packed: int = 0  # tensors compressed
     kept: int = 0  # saved as they are: parameters and buffers, integer tensors, tensors under min_numel
+    derivatives: int = 0  # GELU, SiLU, tanh or sigmoid calls that saved their derivative instead (``local_derivatives``)
     bytes_before: int = 0  # the packed tensors in full precision
     bytes_after: int = 0  # their blobs
 
@@ -359,6 +360,8 @@ class Report:
             f"  {step.packed} tensors packed: {format_bytes(step.bytes_before)} -> {format_bytes(step.bytes_after)} "
             f"({_ratio(step.bytes_before, step.bytes_after)})\n"
             f"  {step.kept} kept as they are (parameters and buffers, integer tensors, tensors under min_numel)"
+            + (f"\n  derivatives saved in place of what GELU, SiLU, tanh or sigmoid saves: {step.derivatives}"
+               if step.derivatives else "")
         )
 
     def table(self) -> str:

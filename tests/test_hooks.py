@@ -110,6 +110,7 @@ def test_a_saved_derivative_costs_what_the_ops_own_backward_saves(name, bits):
     added = name in ("tanh", "sigmoid") and bits <= 3
     # the first linear's input, then one hidden activation for each of: the curve, the second linear
     assert step.bytes_before == 256 * 64 * 4 + (2 if added or name not in ("tanh", "sigmoid") else 1) * hidden
+    assert step.derivatives == (1 if added or name not in ("tanh", "sigmoid") else 0)
 
 
 def penalised_gradient(model, x, compressor=None):
