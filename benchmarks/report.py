@@ -130,6 +130,17 @@ TABLE_FILES = {
                                              "adaptive (each tensor probed once, then frozen), and the rotation on top "
                                              "of feature groups. Query and key at 4 bits bias the gradient (the next "
                                              "table), so these rows are a bound on bytes, not candidates."),
+    "warm_gradient_error_bert_late.json": ("Gradient error against the minibatch's noise: the masked LM late in training",
+                                           "`benchmarks/warm_gradient_error.py --task charlm-bert --warmup 1500 --configs "
+                                           "'uniform 4, feature groups' 'uniform 4, feature groups, dithered' 'uniform 3, "
+                                           "feature groups, dithered, projections rebuilt' --draws 16 --name "
+                                           "warm_gradient_error_bert_late`: as above after 1500 fp32 steps, beside the same "
+                                           "after 300 (the next table). 'elements above the minibatch's': the share of "
+                                           "gradient elements where one draw adds more variance than the minibatch has, "
+                                           "where Adam's per-element scale sees mostly rounding noise."),
+    "warm_gradient_error_bert_early.json": ("Gradient error against the minibatch's noise: the masked LM early in training",
+                                            "The same three configurations after 300 fp32 steps (`--warmup 300 ... --name "
+                                            "warm_gradient_error_bert_early`)."),
     "warm_gradient_error_groups_bert.json": ("Gradient error against the minibatch's noise: group sizes with feature groups on the masked LM",
                                              "As above, `--task charlm-bert --group-sizes 64 128 256 512`: 3 and 4 bits "
                                              "grouped along features at each group size (tokens of one feature a group). "
