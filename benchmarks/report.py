@@ -141,6 +141,13 @@ TABLE_FILES = {
     "warm_gradient_error_bert_early.json": ("Gradient error against the minibatch's noise: the masked LM early in training",
                                             "The same three configurations after 300 fp32 steps (`--warmup 300 ... --name "
                                             "warm_gradient_error_bert_early`)."),
+    "warm_gradient_error_bias_bert_late.json": ("Gradient bias: the masked LM late in training",
+                                                "`benchmarks/warm_gradient_error.py --task charlm-bert --warmup 1500 "
+                                                "--configs 'uniform 4, feature groups' --draws 64 --name "
+                                                "warm_gradient_error_bias_bert_late`: today's default after 1500 fp32 "
+                                                "steps with 64 draws, so that the mean's error resolves a bias of a "
+                                                "percent of the gradient (16 draws put it at 1.04 there, 1.00 after 300 "
+                                                "steps)."),
     "warm_gradient_error_groups_bert.json": ("Gradient error against the minibatch's noise: group sizes with feature groups on the masked LM",
                                              "As above, `--task charlm-bert --group-sizes 64 128 256 512`: 3 and 4 bits "
                                              "grouped along features at each group size (tokens of one feature a group). "
