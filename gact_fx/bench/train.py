@@ -79,6 +79,8 @@ METHODS = {
     "L2.2, contiguous groups": {"level": "L2.2", "feature_groups": False},
     "L1, feature groups": {"level": "L1", "feature_groups": True},
     "L1.1, feature groups": {"level": "L1.1", "feature_groups": True},  # 8 bits: a control for the feature groups
+    # the default with every MLP tensor (the gated product, GELU's derivatives) at 8 bits: where a gap comes from
+    "L1, feature groups, MLP at 8": {"level": "L1", "feature_groups": True, "overrides": {"*.mlp.*": 8}},
     "L1, feature groups, attention floor 4": {"level": "L1", "nonlinear_bits": 4, "feature_groups": True},
     "L1.2, feature groups": {"level": "L1.2", "feature_groups": True},
     "L2.2, feature groups": {"level": "L2.2", "feature_groups": True},
