@@ -49,6 +49,8 @@ CONFIGS = {
     "uniform 2, attention floor 4": {"bits": 2, "nonlinear_bits": 4, "feature_groups": False},
     "uniform 4, feature groups": {"bits": 4, "feature_groups": True},
     "uniform 4, feature groups, attention floor 4": {"bits": 4, "nonlinear_bits": 4, "feature_groups": True},
+    # what the backward reads through an exponential (attention's query and key) kept exact
+    "uniform 4, feature groups, attention exact": {"bits": 4, "nonlinear_bits": 32, "feature_groups": True},
     "uniform 3, feature groups, attention floor 4": {"bits": 3, "nonlinear_bits": 4, "feature_groups": True},
     "uniform 4, feature groups, dithered": {"bits": 4, "feature_groups": True, "rounding": "dithered"},
     "uniform 3, feature groups, dithered": {"bits": 3, "feature_groups": True, "rounding": "dithered"},
