@@ -147,7 +147,8 @@ TABLE_FILES = {
                                                 "warm_gradient_error_bias_bert_late`: today's default after 1500 fp32 "
                                                 "steps with 64 draws, so that the mean's error resolves a bias of a "
                                                 "percent of the gradient (16 draws put it at 1.04 there, 1.00 after 300 "
-                                                "steps)."),
+                                                "steps); then the same with attention's query and key exact "
+                                                "(`nonlinear_bits=32`) instead of at their 8-bit floor."),
     "warm_gradient_error_groups_bert.json": ("Gradient error against the minibatch's noise: group sizes with feature groups on the masked LM",
                                              "As above, `--task charlm-bert --group-sizes 64 128 256 512`: 3 and 4 bits "
                                              "grouped along features at each group size (tokens of one feature a group). "
