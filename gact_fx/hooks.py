@@ -134,14 +134,14 @@ class HookCompressor:
             return False
         if curve.saves_output and self.bits > COARSE_BITS:
             return False  # a tensor more, for a bias that shrinks 4x with each bit
-        return not self._keep(x, self._parameters)
+        return not self._keep(x)
 
-    def _keep(self, tensor: torch.Tensor, parameters: set[int]) -> bool:
+    def _keep(self, tensor: torch.Tensor) -> bool:
         if tensor.dtype != torch.bool and tensor.dtype not in FLOAT_DTYPES:
             return True
         if tensor.numel() < max(self.min_numel, 1):
             return True
-        return tensor.untyped_storage().data_ptr() in parameters
+        return tensor.untyped_storage().data_ptr() in self._parameters
 
     def _bits_for(self, tensor: torch.Tensor) -> int | None:
         """The width to pack ``tensor`` at, or None to keep it as it is."""
@@ -152,8 +152,8 @@ class HookCompressor:
             return None  # attention's logsumexp, a mask: the backward exponentiates against them
         return None if self.exponential_bits >= 32 else self.exponential_bits
 
-    def _pack(self, tensor: torch.Tensor, parameters: set[int], packed: dict):
-        bits = None if self._keep(tensor, parameters) else self._bits_for(tensor)
+    def _pack(self, tensor: torch.Tensor, packed: dict):
+        bits = None if self._keep(tensor) else self._bits_for(tensor)
         if bits is None:
             note_saved(tensor)
             self.last_step.kept += 1
@@ -187,13 +187,12 @@ class HookCompressor:
 
     @contextlib.contextmanager
     def active(self):
-        parameters = {p.untyped_storage().data_ptr() for p in self._model.parameters()}
-        parameters |= {b.untyped_storage().data_ptr() for b in self._model.buffers()}
-        self._parameters = parameters
+        self._parameters = {p.untyped_storage().data_ptr() for p in self._model.parameters()}
+        self._parameters |= {b.untyped_storage().data_ptr() for b in self._model.buffers()}
         packed: dict = {}
         self.last_step = HookStep(self.bits)
         try:
-            with torch.autograd.graph.saved_tensors_hooks(lambda t: self._pack(t, parameters, packed), self._unpack), \
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: self._pack(t, packed), self._unpack), \
                     _NonlinearWatch(self):
                 yield self
         finally:
