@@ -10,8 +10,8 @@ update carries, as it divides each gradient by its own scale). Against the minib
 own noise (the variance of one batch's exact gradient about the mean over
 ``--batches`` batches, at the same weights): the variance one draw adds, as a share of
 it, over the whole gradient and at the parameter tensor where the share is largest, and
-the share of gradient elements where it exceeds the minibatch's own. Adaptive levels first probe every tensor (two calls, not counted). CPU, eager path, 1
-thread. Prints a Markdown table (and writes it to benchmarks/results/NAME.json with
+the share of gradient elements where it exceeds the minibatch's own. Adaptive levels
+first probe every tensor (two calls, not counted). CPU, eager path, 1 thread. Prints a Markdown table (and writes it to benchmarks/results/NAME.json with
 ``--name``).
 
     python benchmarks/warm_gradient_error.py --task charlm-llama
@@ -156,19 +156,22 @@ def minibatch_variance(model, task, generator, count: int) -> torch.Tensor:
     return ((grads - grads.mean(0)) ** 2).sum(0) / (count - 1)
 
 
-def variance_shares(grads: list[torch.Tensor], exact: torch.Tensor, noise: torch.Tensor, sizes: dict[str, int]):
-    """The variance one draw adds about the exact gradient, as a share of the minibatch's:
-    over the whole gradient, and (share, name) of the parameter tensor where it is largest."""
-    added = ((torch.stack(grads) - exact) ** 2).mean(0)
+def added_variance(grads: list[torch.Tensor], exact: torch.Tensor) -> torch.Tensor:
+    """Each gradient element's variance one draw adds about the exact gradient."""
+    return ((torch.stack(grads) - exact) ** 2).mean(0)
+
+
+def variance_shares(added: torch.Tensor, noise: torch.Tensor, sizes: dict[str, int]):
+    """The variance one draw adds (``added_variance``), as a share of the minibatch's: over
+    the whole gradient, and (share, name) of the parameter tensor where it is largest."""
     pieces = zip(sizes, added.split(list(sizes.values())), noise.split(list(sizes.values())))
     largest = max((float(a.sum() / n.sum()), name) for name, a, n in pieces if n.sum() > 0)
     return float(added.sum() / noise.sum()), largest
 
 
-def elements_above(grads: list[torch.Tensor], exact: torch.Tensor, noise: torch.Tensor) -> float:
+def elements_above(added: torch.Tensor, noise: torch.Tensor) -> float:
     """The share of gradient elements whose added variance exceeds the minibatch's own: where
     Adam, which divides each element's step by its own scale, sees mostly rounding noise."""
-    added = ((torch.stack(grads) - exact) ** 2).mean(0)
     measured = noise > 0
     return float((added[measured] > noise[measured]).float().mean())
 
@@ -220,11 +223,12 @@ def main(argv=None) -> None:
         single = sum(relative_error(g, exact) for g in grads) / len(grads)
         floor = single / len(grads) ** 0.5
         per_tensor = sum(per_parameter_error(g, exact, list(sizes.values())) for g in grads) / len(grads)
-        share, (largest, where) = variance_shares(grads, exact, noise, sizes)
+        added = added_variance(grads, exact)
+        share, (largest, where) = variance_shares(added, noise, sizes)
         ratio = report.activation_bytes_before / max(1, report.activation_bytes_after)
         lines.append(f"| {name} | {single:.3f} | {relative_error(torch.stack(grads).mean(0), exact) / floor:.2f} | "
                      f"{per_tensor:.3f} | {share:.3f} | {largest:.3f} (`{where}`) | "
-                     f"{elements_above(grads, exact, noise):.1%} | {ratio:.1f}x smaller |")
+                     f"{elements_above(added, noise):.1%} | {ratio:.1f}x smaller |")
         print(lines[-1], flush=True)
     if args.name:
         print(f"wrote {save_table(args.name, chr(10).join(lines))}", file=sys.stderr)
