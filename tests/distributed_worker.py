@@ -2,7 +2,7 @@
 
 ``python tests/distributed_worker.py MODE OUT`` with MODE ``ddp`` or ``fsdp``: spawns two
 ranks that each train one step on half of a fixed batch, at 32 and at 8 bits, and rank 0
-saves the averaged loss and the full gradients to OUT.
+saves the averaged loss, the full gradients and both ranks' noise keys to OUT.
 """
 
 import socket
@@ -55,7 +55,10 @@ def worker(rank, mode, port, out):
         grads = [(p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).flatten() for p in model.parameters()]
         average = loss.detach().clone()
         dist.all_reduce(average)
-        results[bits] = {"loss": average / 2, "grad": torch.cat(grads), "graphs": len(backend.records), "compressed": backend.report().num_compressed}
+        keys = [None, None]  # each rank's sites' noise keys
+        dist.all_gather_object(keys, [int(state[0]) for site in backend.registry.sites.values() for state in site._states.values()])
+        results[bits] = {"loss": average / 2, "grad": torch.cat(grads), "graphs": len(backend.records),
+                         "compressed": backend.report().num_compressed, "keys": keys}
         torch._dynamo.reset()
     if rank == 0:
         torch.save(results, out)

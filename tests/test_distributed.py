@@ -8,6 +8,8 @@ import pytest
 import torch
 import torch.nn as nn
 
+from gact_fx.runtime.noise import mix64, slot_key
+
 from .distributed_worker import data, model_fn
 
 if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
@@ -37,3 +39,9 @@ def test_two_processes_match_one(mode, tmp_path):
         torch.testing.assert_close(result["loss"], loss, rtol=1e-6, atol=1e-6)
         error = ((result["grad"] - grad).norm() / grad.norm()).item()
         assert error < (1e-5 if bits == 32 else 2e-2), (bits, error)
+    # each rank rounds with its own noise (rank 0 with a single process's), so that averaging
+    # the ranks' gradients averages their rounding errors too
+    rank0, rank1 = results[8]["keys"]
+    assert len(rank0) == len(rank1) == results[8]["compressed"]
+    assert rank0 == [slot_key(mix64(0), index) for index in range(len(rank0))]
+    assert not set(rank0) & set(rank1)

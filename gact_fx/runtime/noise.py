@@ -22,8 +22,8 @@ count, ticket]`` that lives on the device: ``k0 = slot_key`` and ``k1 = fmix32(c
 GOLDEN XOR slot_key)``; the call then adds 1 to ``count`` (``ticket`` lets a Triton kernel's
 last program do it, once all have read ``count``). The state is read and advanced on the
 device, so a CUDA graph replay draws fresh noise, which a seed baked in at capture
-would not. ``slot_key`` mixes the process's base seed (``manual_seed``) with the site's
-index in its backend.
+would not. ``slot_key`` mixes the process's base seed (``manual_seed``; under
+torch.distributed mixed with the rank) with the site's index in its backend.
 """
 
 from __future__ import annotations

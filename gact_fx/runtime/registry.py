@@ -63,7 +63,7 @@ class Site:
         the host (``ticket``: the Triton kernels' count of programs done, 0 between calls)."""
         state = self._states.get(device)
         if state is None:
-            key = slot_key(DIRECTORY.base_seed, self.index)
+            key = slot_key(DIRECTORY.process_seed(), self.index)
             state = self._states[device] = torch.tensor([key, 0, 0], dtype=torch.int64, device=device)
             if state.is_cpu:  # lives as long as the state it points into, which this site keeps
                 self._host_count = ctypes.c_int64.from_address(state.data_ptr() + state.element_size())
@@ -86,8 +86,8 @@ class Site:
         self.advance(state)
         return key
 
-    def reseed(self, base_seed: int) -> None:
-        key = slot_key(base_seed, self.index)
+    def reseed(self, process_seed: int) -> None:
+        key = slot_key(process_seed, self.index)
         for state in self._states.values():
             state.copy_(torch.tensor([key, 0, 0], dtype=torch.int64))
 
@@ -136,9 +136,9 @@ class SlotRegistry:
         site = self.sites.get(slot)
         return site.bits if site is not None else None
 
-    def reseed(self, base_seed: int) -> None:
+    def reseed(self, process_seed: int) -> None:
         for site in self.sites.values():
-            site.reseed(base_seed)
+            site.reseed(process_seed)
 
 
 class Directory:
@@ -176,10 +176,23 @@ class Directory:
             )
         return site
 
+    def process_seed(self) -> int:
+        """The base seed mixed with this process's rank under torch.distributed (rank 0 and a
+        single process: the base seed itself). Ranks that drew the same noise would round
+        alike wherever their values sit alike, so averaging their gradients would not average
+        the rounding error away as it does the minibatch's."""
+        rank = _distributed_rank()
+        return self.base_seed if rank == 0 else mix64(self.base_seed ^ mix64(rank))
+
     def manual_seed(self, seed: int) -> None:
         self.base_seed = mix64(int(seed))
         for registry in list(self._registries):
-            registry.reseed(self.base_seed)
+            registry.reseed(self.process_seed())
+
+
+def _distributed_rank() -> int:
+    distributed = torch.distributed
+    return distributed.get_rank() if distributed.is_available() and distributed.is_initialized() else 0
 
 
 DIRECTORY = Directory()
@@ -187,6 +200,8 @@ DIRECTORY = Directory()
 def manual_seed(seed: int) -> None:
     """Make gact's stochastic rounding reproducible (independent of ``torch.manual_seed``).
 
-    Every site of every backend starts its noise sequence again from ``seed``.
+    Every site of every backend starts its noise sequence again from ``seed``. Under
+    torch.distributed each rank mixes its rank into ``seed`` (rank 0 keeps it as it is),
+    so that ranks round independently.
     """
     DIRECTORY.manual_seed(seed)
