@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import logging
 import pathlib
+import types
 from collections import Counter
 
 import torch
@@ -83,12 +84,20 @@ def _module_call(self, *args, **kwargs):
     return _compat.plain_call(self)(*args, **kwargs)
 
 
+def _own_module_call():
+    """``_module_call`` with a code object of its own. Dynamo keeps its compiled entries, and
+    counts recompiles against ``recompile_limit`` (8), per code object; with one shared by
+    every compressed model, each new model's backend was a recompile of the same frame, and
+    the ninth model compressed in a process compiled nothing."""
+    return types.FunctionType(_module_call.__code__.replace(), _module_call.__globals__, _module_call.__name__)
+
+
 class _GatedCall:
     """The module's call: gact-compiled when training with grad, the plain forward otherwise."""
 
     def __init__(self, model: torch.nn.Module, handle: GactHandle) -> None:
         self.plain = _compat.plain_call(model)
-        self._compiled = torch.compile(_module_call, backend=handle.backend)
+        self._compiled = torch.compile(_own_module_call(), backend=handle.backend)
         self._entry = _compat.run_uncompiled(self._call)  # (made here: it imports Dynamo)
         self.model, self.handle = model, handle
 

@@ -88,6 +88,17 @@ def test_decompress_gives_back_the_plain_module():
         gact_fx.decompress(model)
 
 
+def test_models_compressed_in_one_process_do_not_share_a_compile_cache():
+    # Dynamo counts recompiles per code object; models sharing one ran out at the limit
+    # (the ninth model compressed in a process, at the default of 8)
+    x = torch.randn(64, 16)
+    with torch._dynamo.config.patch(recompile_limit=2):
+        for _ in range(4):
+            model = gact_fx.compress(torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU()), bits=4, min_numel=0)
+            model(x).sum().backward()
+            assert model.gact.mode == "compiled" and len(model.gact.backend.records) == 1
+
+
 def test_an_untraceable_model_is_an_error_by_default():
     model, inputs = family("untraceable")
     compressed = gact_fx.compress(model, bits=8)
