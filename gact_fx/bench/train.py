@@ -79,8 +79,14 @@ METHODS = {
     "L2.2, contiguous groups": {"level": "L2.2", "feature_groups": False},
     "L1, feature groups": {"level": "L1", "feature_groups": True},
     "L1.1, feature groups": {"level": "L1.1", "feature_groups": True},  # 8 bits: a control for the feature groups
-    # the default with every MLP tensor (the gated product, GELU's derivatives) at 8 bits: where a gap comes from
+    # where a gap comes from: the default with some tensors at 8 bits. "*.mlp.*" matches what the derivative
+    # pass saves for a gated MLP's backward (GELU's derivative times the gate, the activation), not the
+    # gated product, which is named after the MLP itself ("...mlp:mul")
     "L1, feature groups, MLP at 8": {"level": "L1", "feature_groups": True, "overrides": {"*.mlp.*": 8}},
+    "L1, feature groups, MLP and attention at 8": {"level": "L1", "feature_groups": True,
+                                                   "overrides": {"*.mlp.*": 8, "*.attn.*": 8, "*.attn:*": 8}},
+    "L1, feature groups, MLP and norms at 8": {"level": "L1", "feature_groups": True,
+                                               "overrides": {"*.mlp.*": 8, "*norm:*": 8}},
     "L1, feature groups, attention floor 4": {"level": "L1", "nonlinear_bits": 4, "feature_groups": True},
     "L1.2, feature groups": {"level": "L1.2", "feature_groups": True},
     "L2.2, feature groups": {"level": "L2.2", "feature_groups": True},
