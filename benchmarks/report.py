@@ -276,6 +276,12 @@ TABLE_FILES = {
                                         "the quantize and dequantize kernels at 2 and 4 bits, compiled at each size. "
                                         "Smaller programs take fewer registers, so an SM holds more of them, and pay "
                                         "their fixed instructions over fewer elements."),
+    "rank_noise.json": ("Data-parallel ranks: one rounding noise for all, or one each",
+                        "`python benchmarks/rank_noise.py`: data-parallel ranks simulated in one process, their "
+                        "gradients averaged, each rank keyed as a single process (what every rank drew before "
+                        "the rank was mixed into the noise's key) against each keyed by its rank (since). "
+                        "Independent noise averages to about one rank-th of one rank's error; shared noise "
+                        "does not, and its excess grows with the ranks."),
 }
 
 

@@ -181,13 +181,17 @@ class Directory:
         single process: the base seed itself). Ranks that drew the same noise would round
         alike wherever their values sit alike, so averaging their gradients would not average
         the rounding error away as it does the minibatch's."""
-        rank = _distributed_rank()
-        return self.base_seed if rank == 0 else mix64(self.base_seed ^ mix64(rank))
+        return rank_seed(self.base_seed, _distributed_rank())
 
     def manual_seed(self, seed: int) -> None:
         self.base_seed = mix64(int(seed))
         for registry in list(self._registries):
             registry.reseed(self.process_seed())
+
+
+def rank_seed(base_seed: int, rank: int) -> int:
+    """The seed rank ``rank`` draws its noise from (rank 0: ``base_seed`` itself)."""
+    return base_seed if rank == 0 else mix64(base_seed ^ mix64(rank))
 
 
 def _distributed_rank() -> int:
