@@ -19,12 +19,13 @@ stochastic rounding keeps it unbiased.
 Factors that share saved inputs move together, and only if that does not add bytes:
 the factors' bytes must not exceed those of the saved values nothing else in the
 backward needs any more. Where those values are stored at ``COARSE_BITS`` or fewer, a
-group may add up to one tensor's worth (twice the bytes it frees), since there the bias
-is no longer small: a BERT head (dense, GELU, LayerNorm) rebuilds both ``gelu'(x)`` and
-the LayerNorm's input ``gelu(x)`` from ``x``, so both move and ``x`` goes (two tensors
-for one; at 2 bits, rounding ``x`` there biased a masked LM's gradient to 1.4x the
-averaging floor). A factor whose values are still needed linearly elsewhere frees
-nothing and stays where it is.
+group may add up to one tensor's worth, since there the bias is no longer small: a BERT
+head (dense, GELU, LayerNorm) rebuilds both ``gelu'(x)`` and the LayerNorm's input
+``gelu(x)`` from ``x``, so both move and ``x`` goes (two tensors for one; at 2 bits,
+rounding ``x`` there biased a masked LM's gradient to 1.4x the averaging floor); tanh's
+``1 - y*y`` moves although the next layer still needs ``y`` (one tensor more). Above
+``COARSE_BITS`` a factor whose values are still needed linearly elsewhere frees nothing
+and stays where it is.
 """
 
 from __future__ import annotations
@@ -139,8 +140,9 @@ def _factors(bw: fx.GraphModule, inputs: set[fx.Node], lossy: set[fx.Node]) -> l
 
 def _without_extra_bytes(bw: fx.GraphModule, factors: list[fx.Node], inputs: set[fx.Node], lossy: set[fx.Node],
                          coarse: set[fx.Node]) -> list[fx.Node]:
-    """The factors whose group (factors sharing saved inputs) frees at least its own bytes,
-    or half of them where every lossy saved input it reads is ``coarse``."""
+    """The factors whose group (factors sharing saved inputs) frees at least its own bytes;
+    where every lossy saved input it reads is ``coarse``, at most one tensor fewer (as many
+    bytes again as it frees, or as its largest lossy input, whichever is more)."""
     needed, stack, cut = set(), [output_node(bw)], set(factors)
     while stack:
         node = stack.pop()
@@ -162,7 +164,12 @@ def _without_extra_bytes(bw: fx.GraphModule, factors: list[fx.Node], inputs: set
     for members, roots in groups:
         added = sum(nbytes_of(f.meta["val"]) for f in members)
         freed = sum(nbytes_of(r.meta["val"]) for r in roots if r not in needed and isinstance(r.meta.get("val"), torch.Tensor))
-        if added <= (2 if roots & lossy <= coarse else 1) * freed:
+        allowance = freed
+        if roots & lossy <= coarse:
+            largest = max((nbytes_of(r.meta["val"]) for r in roots & lossy if isinstance(r.meta.get("val"), torch.Tensor)),
+                          default=0)
+            allowance += max(freed, largest)
+        if added <= allowance:
             chosen += members
         else:
             log.debug("kept %s in the backward: saving it would add %d bytes", [f.name for f in members], added - freed)

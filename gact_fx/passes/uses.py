@@ -270,7 +270,9 @@ def dependences(bw: fx.GraphModule, saved: list[fx.Node]) -> dict[fx.Node, Deps]
         elif node.target in _PRODUCTS or name in ("mul", "mm", "bmm", "matmul", "addmm", "baddbmm"):
             for value in inputs:
                 _merge(result, deps[value])
-            shared = set.intersection(*(set(deps[v]) for v in inputs)) if len(inputs) > 1 else set()
+            # the operands as passed, not ``all_input_nodes``, which lists ``mul(y, y)``'s y once
+            operands = [a for a in node.args if isinstance(a, fx.Node) and deps.get(a)] or inputs
+            shared = set.intersection(*(set(deps[v]) for v in operands)) if len(operands) > 1 else set()
             for root in shared:  # the value times itself: quadratic
                 if result[root][0] < Use.SMOOTH:
                     result[root] = (Use.SMOOTH, name)

@@ -94,6 +94,22 @@ def test_a_value_also_needed_linearly_stays_saved(x):
     torch.manual_seed(0)
     on, _ = compiled_step(MLP(nn.Tanh()), x, bits=8)
     assert not [c.label for c in on if c.label.endswith("'")]
+    assert {c.label: c.use for c in on}["activation:tanh"] == "smooth"  # 1 - y*y: y times itself
+
+
+def test_at_coarse_bits_tanh_saves_its_derivative_for_one_tensor_more(x):
+    # at 2 bits 1 - y*y from a rounded y is biased: the factor moves to the forward
+    # although fc2 still needs y, and the mean over seeds reaches the floor
+    torch.manual_seed(0)
+    model = MLP(nn.Tanh())
+    on, _ = compiled_step(model, x, bits=2)
+    off, _ = compiled_step(model, x, bits=2, save_derivatives=False)
+    assert {c.label: c.use for c in on if c.label.startswith("activation")} == {
+        "activation:tanh": "linear", "activation:tanh'": "linear"}
+    assert sum(c.numel for c in on) == sum(c.numel for c in off) + 256 * 128
+    only_tanh = {"bits": 2, "overrides": {"activation:tanh*": 2, "*": 32}}
+    assert mean_over_floor(model, x, **only_tanh) <= 1.5
+    assert mean_over_floor(model, x, **only_tanh, save_derivatives=False) > 2
 
 
 def test_nothing_moves_at_32_bits(x):

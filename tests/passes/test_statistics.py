@@ -94,9 +94,11 @@ def test_exact_statistics_remove_the_norms_bias(bits):
     def mean_over_floor(**options) -> float:
         return floor_ratio(gact_draws(model, x, draws, bits=bits, feature_groups=False, **options), exact)
 
-    # measured: 1.09 and 2.09 at 2 bits, 1.17 and 3.58 at 3 bits
+    # measured: 1.09 and 2.09 at 2 bits, 1.17 and 3.58 at 3 bits. Without exact statistics
+    # the derivative pass saves rsqrt's derivative at these widths, which also removes the
+    # bias (1.08 at 2 bits): the control has it off
     assert mean_over_floor() < 1.4
-    assert mean_over_floor(exact_statistics=False) > 1.8
+    assert mean_over_floor(exact_statistics=False, save_derivatives=False) > 1.8
 
 
 def test_at_32_bits_the_gradient_is_bit_exact_either_way():
