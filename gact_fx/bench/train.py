@@ -58,6 +58,9 @@ ADAPTIVE_BYTES |= {f"{name}, projections rebuilt": {**options, "recompute_projec
 # default (contiguous), so that a method keeps one meaning across result files.
 METHODS = {
     "fp32": {"enabled": False},
+    # fp32 without Inductor's fusions: the same arithmetic rounded in another order, which
+    # shows how far differences at float32's last bit alone move a run from fp32's
+    "fp32, eager": {"enabled": False, "compiler": "eager"},
     "L1.1 (8 bit)": {"level": "L1.1", "feature_groups": False},
     "L1 (4 bit)": {"level": "L1", "feature_groups": False},
     "L1.2 (2 bit)": {"level": "L1.2", "feature_groups": False},
