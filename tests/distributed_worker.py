@@ -56,7 +56,8 @@ def worker(rank, mode, port, out):
         average = loss.detach().clone()
         dist.all_reduce(average)
         keys = [None, None]  # each rank's sites' noise keys
-        dist.all_gather_object(keys, [int(state[0]) for site in backend.registry.sites.values() for state in site._states.values()])
+        mine = [int(state[0]) for site in backend.registry.sites.values() for state in site._states.values()]
+        dist.all_gather_object(keys, mine)
         results[bits] = {"loss": average / 2, "grad": torch.cat(grads), "graphs": len(backend.records),
                          "compressed": backend.report().num_compressed, "keys": keys}
         torch._dynamo.reset()

@@ -141,7 +141,7 @@ def _factors(bw: fx.GraphModule, inputs: set[fx.Node], lossy: set[fx.Node]) -> l
 def _without_extra_bytes(bw: fx.GraphModule, factors: list[fx.Node], inputs: set[fx.Node], lossy: set[fx.Node],
                          coarse: set[fx.Node]) -> list[fx.Node]:
     """The factors whose group (factors sharing saved inputs) frees at least its own bytes;
-    where every lossy saved input it reads is ``coarse``, at most one tensor fewer (as many
+    where every lossy saved input it reads is ``coarse``, up to one tensor more (as many
     bytes again as it frees, or as its largest lossy input, whichever is more)."""
     needed, stack, cut = set(), [output_node(bw)], set(factors)
     while stack:
@@ -166,8 +166,8 @@ def _without_extra_bytes(bw: fx.GraphModule, factors: list[fx.Node], inputs: set
         freed = sum(nbytes_of(r.meta["val"]) for r in roots if r not in needed and isinstance(r.meta.get("val"), torch.Tensor))
         allowance = freed
         if roots & lossy <= coarse:
-            largest = max((nbytes_of(r.meta["val"]) for r in roots & lossy if isinstance(r.meta.get("val"), torch.Tensor)),
-                          default=0)
+            lossy_roots = [r.meta["val"] for r in roots & lossy if isinstance(r.meta.get("val"), torch.Tensor)]
+            largest = max(map(nbytes_of, lossy_roots), default=0)
             allowance += max(freed, largest)
         if added <= allowance:
             chosen += members
