@@ -54,7 +54,7 @@ def averaged_error(task, base, batches, bits: int, draws: int, own_noise: bool) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--task", default="charlm", choices=sorted(TASKS))
+    parser.add_argument("--task", default="charlm", choices=["charlm", "charlm-llama", "charlm-bert"])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 8])
     parser.add_argument("--bits", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--batch-size", type=int, default=8, help="each rank's batch")
