@@ -35,9 +35,9 @@ def gradient(model, task, batch) -> torch.Tensor:
     return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
 
-def averaged_error(task, base, batches, bits: int, draws: int, own_noise: bool) -> float:
-    """Mean over draws of the averaged gradient's squared error relative to the exact one's."""
-    exact = sum(gradient(base, task, batch) for batch in batches) / len(batches)
+def averaged_error(task, base, batches, exact, bits: int, draws: int, own_noise: bool) -> float:
+    """Mean over draws of the averaged gradient's squared error relative to ``exact``'s, the
+    uncompressed average over ``batches``."""
     ranks = []
     for rank, batch in enumerate(batches):
         model = gact_fx.compress(copy.deepcopy(base), bits=bits)
@@ -67,10 +67,12 @@ def main() -> None:
     base = task.model()
     generator = torch.Generator().manual_seed(0)
     batches = [task.batch(step, generator) for step in range(max(args.ranks))]
+    exact_averages = {ranks: sum(gradient(base, task, batch) for batch in batches[:ranks]) / ranks
+                      for ranks in args.ranks}
     rows = []
     for bits in args.bits:
-        for ranks in args.ranks:
-            shared, own = (averaged_error(task, base, batches[:ranks], bits, args.draws, own_noise)
+        for ranks, exact in exact_averages.items():
+            shared, own = (averaged_error(task, base, batches[:ranks], exact, bits, args.draws, own_noise)
                            for own_noise in (False, True))
             rows.append(f"| {bits} | {ranks} | {shared:.3g} | {own:.3g} | {shared / own:.2f}x |")
             print(rows[-1], flush=True)
