@@ -242,6 +242,10 @@ TABLE_FILES = {
         "measurement.")
        for name, model, task in (("gpt", "char GPT", "charlm"), ("llama", "Llama", "charlm-llama"),
                                  ("bert", "masked LM", "charlm-bert"))},
+    "format_variance_bert_late.json": (
+        "2-bit formats against today's: rounding variance on the masked LM late in training",
+        "`benchmarks/format_variance.py --task charlm-bert --warmup 1500`: as the masked LM's table above, after "
+        "1500 fp32 steps instead of 300, where the warm screen found each draw's gradient error twice as large."),
     **{f"warm_gradient_error_projections_{name}.json": (
         f"Gradient error: attention's value rebuilt from the QKV projection's input, on the {model}",
         f"`benchmarks/warm_gradient_error.py --task {task} --draws 16 --configs ... --name "
