@@ -5,6 +5,8 @@
     python benchmarks/convergence.py --task charlm-llama --steps 1000 --clip-grad-norm 1.0   # as the transformers Trainer
     python benchmarks/convergence.py --task charlm-bert --warm-steps 300 --steps 700   # continued from fp32's step 300
     python benchmarks/convergence.py --task charlm-bert --steps 2000 --suffix _steps2000   # longer, in a file of its own
+    python benchmarks/convergence.py --task charlm-bert --seed 4 --warm-steps 1800 --steps 200 --eval-every 50 \
+        --methods fp32 "fp32, eager" "L1, feature groups"   # the last 200 steps of the 2000-step schedule
 
 Methods can run in separate processes (``--part NAME`` writes ``convergence_<task>.NAME.json``)
 and be merged (``--merge``; ``--append`` adds them to the results already there), so that two
@@ -106,7 +108,8 @@ def main(argv=None):
                              "0.5 written 0p5)")
     parser.add_argument("--warm-steps", type=int, default=0, metavar="N",
                         help="train fp32 for N steps first, then continue each method from that state for --steps "
-                             "(one schedule over both; results: convergence_<task>_warmN)")
+                             "(one schedule of N + --steps steps: to fork a 2000-step run at step N, pass --steps "
+                             "2000-N; results: convergence_<task>_warmN)")
     parser.add_argument("--suffix", default="", metavar="TEXT",
                         help="appended to the results' name, so that a run unlike the task's others (--steps 2000 "
                              "where the rest ran 1000: --suffix _steps2000) gets a file and an fp32 row of its own")
