@@ -67,8 +67,8 @@ def main() -> None:
     base = task.model()
     generator = torch.Generator().manual_seed(0)
     batches = [task.batch(step, generator) for step in range(max(args.ranks))]
-    exact_averages = {ranks: sum(gradient(base, task, batch) for batch in batches[:ranks]) / ranks
-                      for ranks in args.ranks}
+    per_batch = [gradient(base, task, batch) for batch in batches]  # each once, whatever the rank counts
+    exact_averages = {ranks: sum(per_batch[:ranks]) / ranks for ranks in args.ranks}
     rows = []
     for bits in args.bits:
         for ranks, exact in exact_averages.items():
