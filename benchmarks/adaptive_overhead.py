@@ -23,6 +23,7 @@ import time
 import torch
 
 import gact_fx
+from gact_fx.bench.methods import PLAIN_FORMAT
 from gact_fx.schedule import ProbeSchedule
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
@@ -70,7 +71,7 @@ def main(argv=None):
     for name in args.models:
         model, inputs = all_cases[name]
         torch._dynamo.reset()
-        options = dict(avg_bits=2, probe_tensors=args.probe_tensors, compiler="eager")
+        options = dict(avg_bits=2, probe_tensors=args.probe_tensors, compiler="eager", **PLAIN_FORMAT)
         normal, backend = step_times(model, inputs, gact_fx.backend(adapt_interval=10**9, **options), args.steps, 8)
         tensors = len(backend.controller.tensors())
         torch._dynamo.reset()

@@ -46,12 +46,13 @@ OFF = "off"  # the --method of plain Inductor (gact disabled)
 def backend_of(method: str):
     """gact's backend for a method: ``off``, a uniform width (``"2"``) or an adaptive level (``"L2.2"``)."""
     import gact_fx
+    from gact_fx.bench.methods import PLAIN_FORMAT
 
     if method == OFF:
         return gact_fx.backend(enabled=False, compiler="inductor")
     if method.isdigit():
-        return gact_fx.backend(bits=int(method), compiler="inductor")
-    return gact_fx.backend(level=method, compiler="inductor")
+        return gact_fx.backend(bits=int(method), compiler="inductor", **PLAIN_FORMAT)
+    return gact_fx.backend(level=method, compiler="inductor", **PLAIN_FORMAT)
 
 
 def time_steps(model, inputs, backend, steps: int) -> tuple[float, float, float]:

@@ -26,6 +26,7 @@ import torch
 import torch.nn as nn
 
 import gact_fx
+from gact_fx.bench.methods import PLAIN_FORMAT
 from gact_fx.bench.tasks import CharGPT
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
@@ -115,7 +116,8 @@ def main(argv=None):
                 variants[", dithered" * bool(dithered) + ", projections rebuilt"] = dithered | {"recompute_projections": True}
             for bits in args.bits:
                 for suffix, options in variants.items():
-                    backend = gact_fx.backend(bits=bits, compiler=compiler, lowering=args.lowering, **options)
+                    backend = gact_fx.backend(bits=bits, compiler=compiler, lowering=args.lowering,
+                                              **{**PLAIN_FORMAT, **options})
                     label = f"{bits}{suffix}" if suffix else bits
                     compile_s, step = measure(model, inputs, backend, args.steps)
                     rows.append(dict(model=name, compiler=compiler, bits=label, compile_s=compile_s, step_ms=1e3 * step,

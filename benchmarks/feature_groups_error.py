@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import gact_fx
+from gact_fx.bench.methods import PLAIN_FORMAT
 from gact_fx.bench.tasks import TASKS
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
@@ -50,7 +51,7 @@ CASES = {"MNIST-1D CNN": lambda: task_case("mnist1d"), "2-D CNN, channels first"
 
 
 def one_draw_error(model, inputs, loss, exact, draws: int, **options) -> float:
-    grads = loss_draws(model, inputs, loss, gact_fx.backend(compiler="eager", **options), draws)
+    grads = loss_draws(model, inputs, loss, gact_fx.backend(compiler="eager", **{**PLAIN_FORMAT, **options}), draws)
     return sum(relative_error(g, exact) for g in grads) / len(grads)
 
 

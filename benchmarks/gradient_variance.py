@@ -22,6 +22,7 @@ import torch
 
 import gact_fx
 from gact_fx.allocation import quantization_variance
+from gact_fx.bench.methods import PLAIN_FORMAT
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -74,10 +75,10 @@ def measure(name, draws):
     row = {"model": name, "uniform": {}, "adaptive": {}, "predicted_adaptive": {}}
     for bits in UNIFORM:
         torch._dynamo.reset()
-        row["uniform"][bits] = relative_variance(gradients(model, inputs, loss_fn, gact_fx.backend(bits=bits), draws), exact)
+        row["uniform"][bits] = relative_variance(gradients(model, inputs, loss_fn, gact_fx.backend(bits=bits, **PLAIN_FORMAT), draws), exact)
     for average in ADAPTIVE:
         torch._dynamo.reset()
-        backend = gact_fx.backend(avg_bits=average, probe_tensors=10_000, adapt_interval=10**9)
+        backend = gact_fx.backend(avg_bits=average, probe_tensors=10_000, adapt_interval=10**9, **PLAIN_FORMAT)
         # the first step measures every tensor (and trains exactly); then the allocation is frozen
         row["adaptive"][average] = relative_variance(gradients(model, inputs, loss_fn, backend, draws, warmup=1), exact)
         tensors = backend.controller.tensors()

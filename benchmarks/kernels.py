@@ -21,6 +21,7 @@ import sys
 import torch
 
 import gact_fx
+from gact_fx.bench.methods import PLAIN_FORMAT
 from gact_fx.bench.kernels import kernel_markdown, kernel_table, median_seconds
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
@@ -59,8 +60,8 @@ def step_table(device: str, scale: str, repeats: int) -> list[dict]:
     for name, (model, run) in step_cases(device, scale).items():
         methods = {
             "torch.compile": "inductor",
-            "gact 2 bit, op": gact_fx.backend(bits=2, compiler="inductor", lowering="op"),
-            "gact 2 bit, aten": gact_fx.backend(bits=2, compiler="inductor", lowering="aten"),
+            "gact 2 bit, op": gact_fx.backend(bits=2, compiler="inductor", lowering="op", **PLAIN_FORMAT),
+            "gact 2 bit, aten": gact_fx.backend(bits=2, compiler="inductor", lowering="aten", **PLAIN_FORMAT),
         }
         baseline = None
         for method, backend in methods.items():

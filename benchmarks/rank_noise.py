@@ -21,6 +21,7 @@ import sys
 import torch
 
 import gact_fx
+from gact_fx.bench.methods import PLAIN_FORMAT
 from gact_fx.bench.tasks import TASKS
 from gact_fx.runtime.registry import DIRECTORY, rank_seed
 
@@ -40,7 +41,7 @@ def averaged_error(task, base, batches, exact, bits: int, draws: int, own_noise:
     uncompressed average over ``batches``."""
     ranks = []
     for rank, batch in enumerate(batches):
-        model = gact_fx.compress(copy.deepcopy(base), bits=bits)
+        model = gact_fx.compress(copy.deepcopy(base), bits=bits, **PLAIN_FORMAT)
         gradient(model, task, batch)  # compiles
         seed = rank_seed(DIRECTORY.base_seed, rank if own_noise else 0)
         model.gact.backend.registry.reseed(seed)

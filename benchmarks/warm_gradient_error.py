@@ -32,6 +32,7 @@ import sys
 import torch
 
 import gact_fx
+from gact_fx.bench.methods import PLAIN_FORMAT
 from gact_fx.bench.tasks import TASKS
 from gact_fx.bench.train import ADAPTIVE_BYTES, ADAPTIVE_ROTATED
 
@@ -178,7 +179,7 @@ def elements_above(added: torch.Tensor, noise: torch.Tensor) -> float:
 
 def draws(model, batch, loss, options: dict, count: int):
     (tokens,), targets = batch
-    backend = gact_fx.backend(compiler="eager", **options)
+    backend = gact_fx.backend(compiler="eager", **{**PLAIN_FORMAT, **options})
     skip = 2 if "level" in options else 0
     grads = loss_draws(model, (tokens,), lambda output: loss(output, targets), backend, count, warmup=skip)
     return grads, backend.report()

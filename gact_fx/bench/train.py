@@ -19,7 +19,7 @@ import torch
 
 import gact_fx
 
-from .methods import Method
+from .methods import PLAIN_FORMAT, Method
 from .tasks import lr_scale
 
 log = logging.getLogger("gact_fx.bench")
@@ -140,6 +140,8 @@ METHODS = {
     **ADAPTIVE_ROTATED,
     **ADAPTIVE_BYTES,
 }  # gact options by level, for benchmarks/convergence.py
+METHODS = {name: options if options.get("enabled") is False else {**PLAIN_FORMAT, **options}
+           for name, options in METHODS.items()}
 
 
 def largest_norm_ratio(norms: list[float], reference: list[float]) -> float | None:
