@@ -38,11 +38,12 @@ class CoreConfig:
     enabled: bool = True
     """False compiles through the same path with no compression (the baseline)."""
 
-    bits: int = 4
+    bits: int = 3
     """Uniform mode (``avg_bits`` unset): bits per element of every compressed
     floating-point activation: 1, 2, 3, 4, 8, or 32 (pass-through: stored as is). The
-    default, GACT's L1, is the lowest width that trained every measured task like fp32
-    (docs/accuracy.md)."""
+    default, 3 bits with dithered rounding and attention's value rebuilt, is the narrowest
+    that trained the measured transformers about as close to fp32 as 4 bits (GACT's L1)
+    did (docs/accuracy.md)."""
 
     group_size: int = 256
     """Elements sharing one fp32 min and scale: a multiple of 16 from 16 to 4096."""
@@ -73,12 +74,15 @@ class CoreConfig:
     divide stay unrotated; ``rotation``, where set, applies instead. Needs
     ``lowering='op'``."""
 
-    rounding: str = "stochastic"
+    rounding: str = "dithered"
     """How a float value becomes a code and comes back, unbiased either way:
-    ``"stochastic"`` rounds up or down at random; ``"dithered"`` (subtractive dither) keeps
-    the same codes and subtracts the same noise when it decodes, which halves the variance
-    the rounding adds (``runtime.format``) for 8 more bytes a tensor and a decoder that
-    draws the noise again (docs/accuracy.md). Not with ``lowering='aten'``."""
+    ``"dithered"`` (subtractive dither) rounds up or down at random and subtracts the same
+    noise again when it decodes, which halves the variance the rounding adds
+    (``runtime.format``) for 8 more bytes a tensor and a decoder that draws the noise
+    again (docs/accuracy.md); ``"stochastic"`` decodes the same codes plainly, which keeps
+    a group's smallest and largest values exact (a saturated tanh's outputs) where
+    dithering moves every value by up to half a step, and is what ``lowering='aten'``
+    needs."""
 
     min_numel: int = 4096
     """Saved tensors with fewer elements stay in full precision (too small to matter)."""
@@ -235,7 +239,7 @@ class PassesConfig:
     more in the backward. Adaptive bits count its elements in the budget of the one
     that carries it."""
 
-    recompute_projections: bool = False
+    recompute_projections: bool = True
     """Also stop saving a tensor that a matmul by a parameter computes from another saved
     tensor (attention's value, from the normalised input the QKV projection's weight
     gradient keeps) and rebuild it in the backward (``passes.affine``): that tensor's
@@ -318,8 +322,8 @@ class GactConfig:
                 raise ValueError(f"lowering={self.compile.lowering!r} writes plain blobs in traced code; {name} needs "
                                  "lowering='op' or 'auto'")
         if self.compile.lowering == "aten" and self.core.rounding != "stochastic":
-            raise ValueError(f"lowering='aten' writes plain blobs in traced code; rounding={self.core.rounding!r} "
-                             "needs lowering='op', 'auto' or 'triton'")
+            raise ValueError(f"lowering='aten' writes plain blobs in traced code: pass rounding='stochastic' with it "
+                             f"(rounding={self.core.rounding!r} needs lowering='op', 'auto' or 'triton')")
         if self.passes.debias_attention and not self.passes.recompute_attention:
             raise ValueError("debias_attention=True evaluates each attention backward at its recomputed output; it "
                              "needs recompute_attention=True")

@@ -143,7 +143,8 @@ def test_inductor_path(bits):
         assert 0 < relative_error(got, expected) < 2e-2
 
 
-@pytest.mark.parametrize("options", [dict(compiler="inductor"), dict(lowering="aten")], ids=["inductor", "aten-lowering"])
+@pytest.mark.parametrize("options", [dict(compiler="inductor"), dict(lowering="aten", rounding="stochastic")],
+                         ids=["inductor", "aten-lowering"])
 def test_dynamic_shapes_compile_once(options):
     model = MLP()
     backend = gact_fx.backend(bits=8, **options)
@@ -230,12 +231,12 @@ def test_exceptions_dynamo_would_fall_back_on_become_errors(monkeypatch):
 def test_the_aten_lowering_through_inductor(name):
     model, inputs = model_case(name)
     (expected,), _ = compiled_grads(model, inputs, baseline_backend("inductor"))
-    exact = gact_fx.backend(bits=32, lowering="aten")
+    exact = gact_fx.backend(bits=32, lowering="aten", rounding="stochastic")
     (got,), _ = compiled_grads(model, inputs, exact)
     assert exact.records[0].compiler == "inductor"
     # Inductor fuses the decode into the consumers, which may reorder float sums.
     assert relative_error(got, expected) < 1e-5
-    (got,), _ = compiled_grads(model, inputs, gact_fx.backend(bits=8, lowering="aten"))
+    (got,), _ = compiled_grads(model, inputs, gact_fx.backend(bits=8, lowering="aten", rounding="stochastic"))
     assert 0 < relative_error(got, expected) < 2e-2
 
 
@@ -246,6 +247,8 @@ def test_the_aten_lowering_refuses_what_it_cannot_do():
         gact_fx.backend(lowering="aten", compiler="eager")
     with pytest.raises(ValueError, match="needs bits fixed at compile time"):
         gact_fx.backend(lowering="aten", avg_bits=2)
+    with pytest.raises(ValueError, match="plain blobs in traced code: pass rounding='stochastic'"):
+        gact_fx.backend(lowering="aten")  # the default rounding is dithered
 
 
 @pytest.mark.parametrize("options, warned", [({"bits": 4}, False), ({"bits": 4, "nonlinear_bits": 4}, True),

@@ -17,6 +17,15 @@ def test_defaults_are_valid_and_frozen():
     assert config == GactConfig.from_options({})
 
 
+def test_the_default_is_3_bits_dithered_with_the_value_rebuilt_and_levels_keep_that_format():
+    config = GactConfig()
+    assert (config.core.bits, config.core.rounding, config.passes.recompute_projections) == (3, "dithered", True)
+    for level in ("L1", "L1.1", "L1.2", "L2", "L2.1", "L2.2"):  # a level sets the width, not the format
+        leveled = GactConfig.from_options({"level": level})
+        assert (leveled.core.rounding, leveled.passes.recompute_projections) == ("dithered", True)
+    assert GactConfig.from_options({"level": "L1"}).core.bits == 4
+
+
 def test_flat_options_land_in_their_sections_and_come_back():
     options = {"bits": 2, "group_size": 64, "probe_tensors": 4, "recompute_affine": False, "partitioner": "default",
                "overrides": {"*ln*": 8}}

@@ -178,14 +178,14 @@ def test_overrides_pin_tensors_outside_the_adaptive_budget():
 
 def test_uniform_overrides():
     model, inputs = model_case("block")
-    backend = gact_fx.backend(bits=2, overrides={"*linear*": 8})
+    backend = gact_fx.backend(bits=2, overrides={"*linear*": 8}, recompute_projections=False)  # the value stored
     compiled_grads(model, inputs, backend)
     by_label = {c.label: c.bits for c in backend.records[0].compressions}
     assert by_label["qkv:linear[2]"] == by_label["fc1:linear'"] == 8 and by_label["gelu"] == 2
     assert backend.controller is None
     sources = {r.label: r.bits_source for r in backend.report().rows if r.stored == "compressed"}
     assert sources["qkv:linear[0]"] == "override" and sources["gelu"] == "uniform"
-    plain = gact_fx.backend(bits=2)
+    plain = gact_fx.backend(bits=2, recompute_projections=False)
     compiled_grads(model, inputs, plain)
     sources = {r.label: r.bits_source for r in plain.report().rows if r.stored == "compressed"}
     assert sources["qkv:linear[0]"] == "floor" and sources["qkv:linear[2]"] == "uniform"  # attention's query: 8 bits

@@ -131,3 +131,16 @@ def test_compress_takes_the_rounding_and_bad_values_are_refused():
         gact_fx.backend(rounding="nearest")
     with pytest.raises(ValueError, match="rounding='dithered' needs lowering='op'"):
         gact_fx.backend(rounding="dithered", lowering="aten")
+
+
+def test_the_default_stores_3_bits_dithered_and_rebuilds_attentions_value():
+    model, inputs = model_case("block")
+    backend = gact_fx.backend()
+    compiled_grads(model, inputs, backend)
+    rows = backend.report().rows
+    compressed = [r for r in rows if r.stored == "compressed"]
+    assert compressed and all(r.dithered for r in compressed)
+    assert {r.label: r.bits for r in compressed if r.bits != 3} == {"qkv:linear[0]": 8, "qkv:linear[1]": 8}  # floors
+    assert all(r.bytes_after == fmt.float_blob_nbytes(r.stored_numel, r.bits, 256, 4, dithered=True) for r in compressed)
+    (value,) = [r for r in rows if r.label == "qkv:linear[2]"]
+    assert value.stored.startswith("rebuilt in the backward from ")

@@ -38,10 +38,11 @@ def gradients(model, inputs, backend, steps=1, **compile_kwargs):
     return draws
 
 
+@pytest.mark.parametrize("dithered", [False, True], ids=["stochastic", "dithered"])
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("numel,group", [((1 << 20) + 3, 256)])
-def test_compiled_kernels_write_the_references_blob(dtype, bits, numel, group):
+def test_compiled_kernels_write_the_references_blob(dtype, bits, numel, group, dithered):
     from gact_fx.runtime import format as fmt
     from gact_fx.runtime import noise
     from gact_fx.runtime import triton_kernels as tk
@@ -50,10 +51,12 @@ def test_compiled_kernels_write_the_references_blob(dtype, bits, numel, group):
     x = (torch.randn(numel, device="cuda") * 3).to(dtype)
     x[7], x[numel // 2] = float("-inf"), float("-inf")  # special values take the same path
     key = noise.key_of(0xC0FFEE, 3, device="cuda")
-    expected = quantize_reference(x, bits, group, noise.rounding_noise(fmt.num_groups(numel, group), group, key))
-    blob = tk.quantize(x, bits, group, key=key)
+    drawn = noise.rounding_noise(fmt.num_groups(numel, group), group, key)
+    expected = quantize_reference(x, bits, group, drawn, key if dithered else None)
+    blob = tk.quantize(x, bits, group, key=key, dithered=dithered)
     assert torch.equal(blob, expected)
-    decoded, reference = tk.dequantize(blob, numel, dtype, group), dequantize_reference(blob, numel, dtype, group)
+    decoded = tk.dequantize(blob, numel, dtype, group, dithered=dithered)
+    reference = dequantize_reference(blob, numel, dtype, group, dithered=dithered)
     assert torch.equal(decoded.isinf(), reference.isinf())
     finite = reference.isfinite()
     # fused multiply-add on the GPU: one rounding fewer in fp32, so at most an ulp of the dtype apart
@@ -61,7 +64,8 @@ def test_compiled_kernels_write_the_references_blob(dtype, bits, numel, group):
 
 
 def test_a_group_size_that_is_not_a_power_of_two_and_a_small_tensor():
-    test_compiled_kernels_write_the_references_blob(torch.bfloat16, 3, 1000, 96)
+    for dithered in (False, True):
+        test_compiled_kernels_write_the_references_blob(torch.bfloat16, 3, 1000, 96, dithered)
 
 
 @contextlib.contextmanager
@@ -156,10 +160,11 @@ def test_feature_groups_train_on_cuda():
 def test_the_aten_lowering_matches_the_ops_on_cuda():
     model, inputs = on_cuda("block")
     (expected,) = gradients(model, inputs, baseline_backend("inductor"))
+    plain = {"bits": 8, "compiler": "inductor", "rounding": "stochastic"}  # what the aten lowering writes
     gact_fx.manual_seed(3)
-    (by_ops,) = gradients(model, inputs, gact_fx.backend(bits=8, compiler="inductor", lowering="op"))
+    (by_ops,) = gradients(model, inputs, gact_fx.backend(lowering="op", **plain))
     gact_fx.manual_seed(3)
-    (by_aten,) = gradients(model, inputs, gact_fx.backend(bits=8, compiler="inductor", lowering="aten"))
+    (by_aten,) = gradients(model, inputs, gact_fx.backend(lowering="aten", **plain))
     assert relative_error(by_aten, expected) < 2e-2
     # the same noise; Inductor's own arithmetic may round a code differently at its edge
     assert relative_error(by_aten, by_ops) < 2e-3

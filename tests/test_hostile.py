@@ -38,15 +38,21 @@ def test_non_finite_activations_are_never_hidden(bits):
     assert torch.isfinite(compressed_grads(model, (x,), gact_fx.backend(bits=bits))).all()  # and a finite step stays finite
 
 
+@pytest.mark.parametrize("rounding", ["stochastic", "dithered"])
 @pytest.mark.parametrize("dtype,magnitude", [(torch.float32, 1e30), (torch.bfloat16, 1e30), (torch.float16, 3e3)])
-def test_huge_magnitudes_stay_finite(dtype, magnitude):
+def test_huge_magnitudes_stay_finite(dtype, magnitude, rounding):
     model = nn.Sequential(nn.Linear(64, 256), nn.Tanh(), nn.Linear(256, 8)).to(dtype)
     x = (torch.rand(64, 64) * 2 - 1).to(dtype) * magnitude  # saved as the first Linear's input
     loss = lambda out: out.float().sum()  # noqa: E731
     expected = grads(model, (x,), baseline_backend(), loss)
-    got = compressed_grads(model, (x,), gact_fx.backend(bits=8, min_numel=0), loss)
+    got = compressed_grads(model, (x,), gact_fx.backend(bits=8, min_numel=0, rounding=rounding), loss)
     assert torch.isfinite(expected).all() and torch.isfinite(got).all()
-    assert relative_error(got.float(), expected.float()) < 5e-2
+    if rounding == "stochastic":
+        # the saturated tanh's outputs sit at their group's ends, which stochastic rounding
+        # decodes exactly: 1 - y*y stays 0. Dithered decoding moves every value by up to half
+        # a step, ends included, and the huge inputs multiply that into the first weight's
+        # gradient (finite, but not small).
+        assert relative_error(got.float(), expected.float()) < 5e-2
 
 
 def test_constant_activations_are_exact():

@@ -56,9 +56,9 @@ METHODS = ("torch.compile", "gact 4 bit", "gact 2 bit", "gact L2.2 (adaptive 2)"
 # H100 (its compiles; ResNet-50's most), so the last may not fit. Each model against gact at
 # 2 bits first (issue 32's target: within 1.10x of torch.compile's step on a transformer),
 # with less host work too (the step waits on the host otherwise): its kernels launched by
-# Inductor, then CUDA graphs, then both; then 4 bits (the default), and the candidate for a
-# 10x default, 3 bits dithered with attention's value rebuilt (its decode's hash, the QKV
-# projection again in the backward), with the ops and with its kernels launched by Inductor;
+# Inductor, then CUDA graphs, then both; then 4 bits, and the default, 3 bits dithered with
+# attention's value rebuilt (its decode's hash, the QKV projection again in the backward),
+# with the ops and with its kernels launched by Inductor;
 # then 3 bits dithered alone and with query and key at 4 bits debiased (two attention
 # backwards more a layer); then ResNet-50 (its compile alone takes 80 s); L2.2.
 PLAN = (("llama-like", "torch.compile"), ("llama-like", "gact 2 bit"), ("llama-like", "gact 2 bit, Triton lowering"),

@@ -78,7 +78,7 @@ def test_8_bits_stay_close_to_the_exact_gradient(x, compiler):
 
 def test_stochastic_rounding_is_refused_by_name():
     with pytest.raises(ValueError, match="debias_attention=True .* needs rounding='dithered'"):
-        gact_fx.backend(debias_attention=True, bits=4)
+        gact_fx.backend(debias_attention=True, bits=4, rounding="stochastic")
 
 
 def test_redither_changes_only_the_kept_key_and_so_only_the_noise():

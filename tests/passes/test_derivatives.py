@@ -81,8 +81,9 @@ def test_silu_s_two_factors_become_one_tensor(x):
 def test_a_gated_mlp_saves_both_of_its_factors_linearly(x):
     torch.manual_seed(0)
     model = GatedMLP()
-    on, grad = compiled_step(model, x, bits=8)
-    off, _ = compiled_step(model, x, bits=8, save_derivatives=False)
+    # without the derivatives the up projection's output could be rebuilt from the input
+    on, grad = compiled_step(model, x, bits=8, recompute_projections=False)
+    off, _ = compiled_step(model, x, bits=8, save_derivatives=False, recompute_projections=False)
     assert sum(c.numel for c in on) == sum(c.numel for c in off)
     assert any(c.use != "linear" for c in off) and all(c.use == "linear" for c in on)
     assert relative_error(grad, exact_grad(model, x)) < 2e-2
@@ -108,8 +109,10 @@ def test_at_coarse_bits_tanh_saves_its_derivative_for_one_tensor_more(x):
         "activation:tanh": "linear", "activation:tanh'": "linear"}
     assert sum(c.numel for c in on) == sum(c.numel for c in off) + 256 * 128
     only_tanh = {"bits": 2, "overrides": {"activation:tanh*": 2, "*": 32}}
-    assert mean_over_floor(model, x, **only_tanh) <= 1.5
-    assert mean_over_floor(model, x, **only_tanh, save_derivatives=False) > 2
+    for rounding in ("dithered", "stochastic"):
+        assert mean_over_floor(model, x, **only_tanh, rounding=rounding) <= 1.5
+    # dithering halves the variance, and with it this bias: stochastic rounding shows it plainly
+    assert mean_over_floor(model, x, **only_tanh, save_derivatives=False, rounding="stochastic") > 2
 
 
 def test_nothing_moves_at_32_bits(x):

@@ -31,7 +31,7 @@ def test_bytes_follow_the_format():
     _, plan = plan_for(linear_relu_pair(), bits=2)
     relu = plan.compressions[1]
     assert relu.bytes_before == 32 * 64 * 4
-    assert relu.bytes_after == fmt.float_blob_nbytes(32 * 64, 2, 64, 4)
+    assert relu.bytes_after == fmt.float_blob_nbytes(32 * 64, 2, 64, 4, dithered=True)
 
 
 def test_inputs_can_be_left_alone():
@@ -110,7 +110,7 @@ def test_compressions_are_labelled_and_bits_assigned_by_label():
     assert [c.label for c in plan.compressions] == ["g1/input", "g1/relu"]
     plan = assign_bits(plan, lambda c: BitsChoice(2 if c.label.endswith("relu") else c.bits, "test", BitsSource.UNIFORM))
     assert {c.name: c.bits for c in plan.compressions} == {"x": 8, "relu": 2}
-    assert plan.compressions[1].bytes_after == fmt.float_blob_nbytes(32 * 64, 2, 64, 4)
+    assert plan.compressions[1].bytes_after == fmt.float_blob_nbytes(32 * 64, 2, 64, 4, dithered=True)
 
 
 def test_an_exponential_use_raises_the_bits_to_the_floor_unless_overridden():
