@@ -1,7 +1,7 @@
 """Where a training step's time goes on a GPU: gact against torch.compile on the GPU suite's
 Llama-like model, under the CUDA profiler.
 
-    python benchmarks/gpu_step_profile.py --out DIR [--program 4096/4096] [--seconds 340]
+    python benchmarks/gpu_step_profile.py --out DIR [--program 16384/8192] [--seconds 340]
         [--plan resnet50:"gact 2 bit" ...]
 
 For each method (``--methods``): the median of ``STEPS`` steps at ``--program`` elements a Triton
@@ -82,13 +82,11 @@ def profile_methods(device: str, methods: list[str], program: tuple[int, int], o
 
 
 def markdown(result: dict) -> str:
-    from gact_fx.runtime.triton_kernels import ELEMENTS_PER_PROGRAM
-
     program = result["program"]
-    own = f"{ELEMENTS_PER_PROGRAM['narrow']}/{ELEMENTS_PER_PROGRAM['wide']}"
+    own = result.get("own_elements", "-")
     lines = [f"The Llama-like model of the GPU suite, batch {result.get('batch', '?')}, bf16 autocast. Steps at "
              f"{program} elements a program (16-bit inputs/the others), and for gact also at the kernels' own "
-             f"({own}) in the same process; device and host time a step from the profiler (three steps).\n",
+             f"({own}; 16-bit/fp32) in the same process; device and host time a step from the profiler (three steps).\n",
              f"| method | step ms at {program} | step ms at own | device ms a step | host ms a step "
              "| kernel launches a step |", "| --- | --- | --- | --- | --- | --- |"]
     for name, row in result["profile"].items():
@@ -112,7 +110,8 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--methods", nargs="+", default=["torch.compile", "gact 2 bit", "gact 2 bit, Triton lowering"])
-    parser.add_argument("--program", default="4096/4096", help="elements a program, 16-bit inputs/the others")
+    parser.add_argument("--program", default="16384/8192",
+                        help="elements a program, 16-bit inputs/the others (default: every kernel's size before each took its own)")
     parser.add_argument("--plan", nargs="*", default=[], help="model:method rows of the models part, after the profile")
     parser.add_argument("--seconds", type=float, default=340.0, help="when the models rows stop starting")
     args = parser.parse_args()
@@ -127,7 +126,9 @@ def main() -> None:
     from gact_fx.bench.metadata import metadata
 
     program = tuple(int(n) for n in args.program.split("/"))
-    result = {"meta": metadata(args.device), "program": args.program}
+    from gact_fx.runtime.program_sizes import own_sizes_text
+
+    result = {"meta": metadata(args.device), "program": args.program, "own_elements": own_sizes_text()}
     result["meta"]["command"] = "python benchmarks/gpu_step_profile.py " + " ".join(sys.argv[1:])
     result["batch"], result["profile"] = profile_methods(args.device, args.methods, program, out)
     if args.plan:  # at --program too

@@ -274,7 +274,10 @@ TABLE_FILES = {
                             "suite's measured kernel table is the test of it, and its first run (H100, "
                             "2026-11-27) found the kernels at 15-61% of a device copy where this model bounds "
                             "100%: the instruction count is not what holds them back. Read the warps an SM "
-                            "holds beside it."),
+                            "holds beside it. Each kernel at its own elements a program "
+                            "(runtime/program_sizes.py, in the table): since 2026-11-29 the contiguous decode "
+                            "at 2048, the size the second GPU run's sweep found fastest for it (8192 before); "
+                            "the other kernels as before."),
     "static_kernels_block_sizes.json": ("GPU kernels, static: the size of a program",
                                         "`python benchmarks/static_kernels.py --block-sizes 2048 4096 8192 16384`: "
                                         "the quantize and dequantize kernels at 2 and 4 bits, compiled at each size. "

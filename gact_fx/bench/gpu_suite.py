@@ -19,9 +19,9 @@ its results as it goes, so a part that fails or runs out of time costs only itse
    activation bytes and predicted max batch of a 0.4B Llama-like transformer and
    ResNet-50 under bf16 autocast: torch.compile against
    gact at 2 and 4 bits and at L2.2 (``bench.gpu_workloads``), at the kernels' own block
-   sizes: what training runs. (On an H100 the Llama-like step ran slower at the block sizes
-   the sweep found fastest on its large tensors; the kernels part names those,
-   ``fastest_program``, and the default follows only what a step confirms.)
+   sizes (``runtime.program_sizes``): what training runs. The kernels part names the sizes
+   its sweep found fastest for each kernel (``fastest_elements``), and
+   ``benchmarks/gpu_step_profile.py`` times the step at the sizes before the kernels' own.
 
 It ends with one summary block (``gpu_suite.md``, printed) and ``gpu_suite.json``;
 ``gact-fx bench --report-only`` (or a checkout's ``benchmarks/report.py``) folds the JSON into a report. ``scale="tiny"``,
@@ -74,8 +74,8 @@ TEST_SHARDS = 6  # pytest processes at once in the tests part, where the cores a
 NO_TESTS_COLLECTED = 5  # pytest's exit code, for a shard left with no test
 GPU_TEST_FILE = "test_gpu.py"  # collecting the whole suite would import every integration first
 # The kernels part's sweep of block sizes (elements a program: 16-bit inputs / the others), after
-# the kernels' own: fewer elements a program take fewer registers, so more programs share an SM.
-PROGRAM_SWEEP = ((8192, 4096), (4096, 2048))
+# the kernels' own: the sizes every kernel took before each took its own, and smaller ones.
+PROGRAM_SWEEP = ((16384, 8192), (4096, 2048))
 
 
 class NoGpu(SystemExit):
@@ -232,44 +232,61 @@ def run_part(part: str, out: pathlib.Path, seconds: float, *, device: str, scale
     return result
 
 
-def _row_kind(row: dict) -> str:
-    """Which block size (``triton_kernels.program_kind``) a kernel-table row's op ran at."""
-    from ..runtime.triton_kernels import program_kind
+def _row_kernel(row: dict) -> tuple[str, str]:
+    """A kernel-table row's kernel as ``OWN_ELEMENTS_PER_PROGRAM`` keys it: (op, ``program_kind``)."""
+    from ..runtime.program_sizes import program_kind
 
-    itemsize = 4 if row["dtype"] == "float32" else 2
-    return program_kind(itemsize, row["bits"], feature_major="feature groups" in row["op"],
+    kind = program_kind(4 if row["dtype"] == "float32" else 2, row["bits"], feature_major="feature groups" in row["op"],
                         decoding=row["op"].startswith("dequantize"))
+    return row["op"], kind
 
 
-def fastest_program(rows: list[dict], own: tuple[int, int]) -> tuple[int, int]:
-    """The elements a program (16-bit inputs, the others) whose kernels ran fastest in the
-    kernels part's ``rows``: each size from the rows of the ops that take it (the narrow
-    one: 16-bit quantize and feature-major ops; the wide one: the rest), by the geometric
-    mean of their speed (a CUDA-graph replay's where there is one) over the cells every
-    block size measured. ``own``: the kernels' own sizes, which rows without a ``program``
-    ran at, and the answer where nothing compares."""
-    speeds: dict[tuple[str, tuple[int, int]], dict[tuple, float]] = {}
+def _row_elements(row: dict) -> int | None:
+    """The elements a program a kernel-table row's op ran at: recorded in the row, or (rows
+    made before it was) its sweep's size for the kernel's kind (None: the kernels' own then)."""
+    if row.get("elements"):
+        return row["elements"]
+    if not row.get("program"):
+        return None
+    narrow, wide = (int(n) for n in row["program"].split("/"))
+    return narrow if _row_kernel(row)[1] == "narrow" else wide
+
+
+def fastest_elements(rows: list[dict]) -> dict[tuple[str, str], int]:
+    """For each kernel (its op and ``program_kind``), the elements a program at which the
+    kernels part's ``rows`` ran it fastest: by the geometric mean of their speed (a
+    CUDA-graph replay's where there is one) over the cells (dtype, bits) every size
+    measured. A kernel measured at one size, or at sizes with no cell in common, is left out."""
+    speeds: dict[tuple[str, str], dict[int, dict[tuple, float]]] = {}
     for row in rows:
         if row["bits"] == "copy" or row.get("lowering", "op") != "op":
             continue
-        program = tuple(int(n) for n in row["program"].split("/")) if row.get("program") else own
-        kind = _row_kind(row)
+        elements = _row_elements(row)
         speed = row.get("graph_gbps") or row["gbps"]
-        if speed and speed > 0:
-            speeds.setdefault((kind, program), {})[(row["dtype"], row["bits"], row["op"])] = speed
-    chosen = list(own)
-    for index, kind in enumerate(("narrow", "wide")):
-        measured = {program: cells for (k, program), cells in speeds.items() if k == kind}
-        common = set.intersection(*(set(cells) for cells in measured.values())) if measured else set()
+        if elements and speed and speed > 0:
+            speeds.setdefault(_row_kernel(row), {}).setdefault(elements, {})[(row["dtype"], row["bits"])] = speed
+    fastest = {}
+    for kernel, measured in speeds.items():
+        common = set.intersection(*(set(cells) for cells in measured.values()))
         if len(measured) < 2 or not common:
             continue
 
-        def score(program: tuple[int, int]) -> float:
-            logs = [math.log(measured[program][cell]) for cell in common]
-            return sum(logs) / len(logs)
+        def score(elements: int) -> float:
+            return sum(math.log(measured[elements][cell]) for cell in common) / len(common)
 
-        chosen[index] = max(measured, key=score)[index]
-    return chosen[0], chosen[1]
+        fastest[kernel] = max(measured, key=score)
+    return fastest
+
+
+def fastest_elements_text(rows: list[dict]) -> str:
+    """``fastest_elements`` in the order and shape of ``program_sizes.own_sizes_text`` ("-"
+    where nothing compared)."""
+    from ..runtime.program_sizes import OWN_ELEMENTS_PER_PROGRAM
+
+    fastest = fastest_elements(rows)
+    roles = dict.fromkeys(role for role, _ in OWN_ELEMENTS_PER_PROGRAM)
+    return ", ".join(f"{role} " + "/".join(str(fastest.get((role, kind), "-")) for kind in ("narrow", "wide")
+                                           if (role, kind) in OWN_ELEMENTS_PER_PROGRAM) for role in roles)
 
 
 # -- the parts, each in its own process -------------------------------------------------------
@@ -289,7 +306,9 @@ def _kernels_part(out: pathlib.Path, deadline: float, device: str, scale: str) -
     tables += [dict(dtypes=first, widths=(4, 2) if full else (2,), program=program)
                for program in (PROGRAM_SWEEP if full else PROGRAM_SWEEP[-1:])]
     tables.append(dict(dtypes=(torch.float16,) if full else (torch.bfloat16,), widths=(2, 4, 8, 3, 1)))
-    result = {"numel": numel, "repeats": repeats, "rows": []}
+    from ..runtime.program_sizes import own_sizes_text
+
+    result = {"numel": numel, "repeats": repeats, "own_elements": own_sizes_text(), "rows": []}
     if device == "cuda":  # at most half the part: the rest compiles at first launch, as before
         result["precompile"] = _precompile(tables, limit_s=(deadline - time.monotonic()) / 2)
         _write_json(out / "part_kernels.json", result)
@@ -485,11 +504,10 @@ def kernels_markdown(kernels: dict) -> list[str]:
                      f"| {fq[1]} | {fq[2]} | {fdq[1]} | {fdq[2]} |")
     lines.append("Device copy: " + ", ".join(f"{dtype} {gbps:.0f} GB/s" for dtype, gbps in copies.items()))
     if any(r.get("program") for r in rows):
-        from ..runtime.triton_kernels import ELEMENTS_PER_PROGRAM
-
-        own = (ELEMENTS_PER_PROGRAM["narrow"], ELEMENTS_PER_PROGRAM["wide"])
-        lines.append("Fastest elements a program on these tensors (16-bit inputs/the others): "
-                     + "/".join(map(str, fastest_program(rows, own))) + f"; the kernels' own: {own[0]}/{own[1]}")
+        own = kernels.get("own_elements", "-")
+        lines.append("Fastest elements a program on these tensors, each kernel's narrow/wide (16-bit inputs "
+                     "below 8 bits or feature-major / the rest): "
+                     + fastest_elements_text(rows) + f"; the kernels' own: {own}")
     ahead = kernels.get("precompile")
     if ahead:
         later = ahead.get("compiled_later")

@@ -25,6 +25,7 @@ import torch
 from ..runtime import aten_codec
 from ..runtime import format as fmt
 from ..runtime import ops  # noqa: F401  (registers torch.ops.gact)
+from ..runtime.program_sizes import elements_in_a_program, elements_per_program
 from ..runtime.registry import SlotRegistry
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -77,7 +78,8 @@ def kernel_table(device: str, numel: int, repeats: int, *, dtypes=DTYPES, widths
     """One row per (dtype, width, lowering, op), and one copy row per dtype; ``stop()``
     ends the table early (what it measured so far is returned). ``program``: the Triton
     kernels' elements a program (16-bit inputs, the others) instead of their own, recorded
-    in each row (``"program"``: ``"16384/8192"``; ``None`` for the kernels' own)."""
+    in each row (``"program"``: ``"16384/8192"``; ``None`` for the kernels' own), with the
+    elements a program each op's Triton kernel takes (``"elements"``; they ran on CUDA alone)."""
     label = None if program is None else "/".join(map(str, program))
     with at_program(program):
         return _kernel_table(device, numel, repeats, dtypes, widths, lowerings, progress, stop, label)
@@ -88,8 +90,6 @@ def at_program(program: tuple[int, int] | None):
     inputs, the others); None: their own."""
     if program is None:
         return contextlib.nullcontext()
-    from ..runtime.triton_kernels import elements_per_program
-
     return elements_per_program(*program)
 
 
@@ -140,8 +140,10 @@ def _kernel_table(device, numel, repeats, dtypes, widths, lowerings, progress, s
                 gbps = (raw + blob_bytes) / median_seconds(fn, device, repeats) / 1e9
                 replayed = graph_seconds(fn, repeats) if device == "cuda" else None
                 graph_gbps = None if replayed is None else (raw + blob_bytes) / replayed / 1e9
+                elements = None if lowering != "op" else elements_in_a_program(
+                    x.element_size(), bits, feature_major="feature groups" in op, decoding=op.startswith("dequantize"))
                 rows.append(dict(dtype=str(dtype)[6:], bits=bits, lowering=lowering, op=op, gbps=gbps, of_copy=gbps / copy_gbps,
-                                 program=program, graph_gbps=graph_gbps))
+                                 program=program, elements=elements, graph_gbps=graph_gbps))
                 progress(rows[-1])
         for name, fn in copies.items():  # the copies again: the faster time of each counts
             speeds[name] = max(speeds[name], copy_speed(fn))

@@ -170,8 +170,8 @@ def static_table(arch: int = 90, *, dtypes=DTYPES, widths=WIDTHS, jobs: int | No
 def block_size_table(sizes, arch: int = 90, *, dtypes=DTYPES, widths=WIDTHS,
                      jobs: int | None = None) -> list[Variant]:
     """``static_table`` at each of ``sizes`` elements a program (both kinds of
-    ``ELEMENTS_PER_PROGRAM``), less the mask kernels, whose size is their own."""
-    from ..runtime.triton_kernels import elements_per_program
+    ``program_sizes.elements_per_program``), less the mask kernels, whose size is their own."""
+    from ..runtime.program_sizes import elements_per_program
 
     rows = []
     for size in sizes:
@@ -203,17 +203,20 @@ def static_markdown(rows: list[Variant], arch: int = 90) -> str:
              "plain path (quantize, dequantize) against the memory-speed budget (11 x bytes moved); the share of copy "
              "bandwidth is that model's bound, not a measurement; warps / SM: how many an H100 SM holds at once "
              "with these registers (of 64). " + _fusion_note(rows) + "\n",
-             "| kernel | dtype | bits | bytes / element | instructions / element | budget | predicted share of copy | "
-             "registers | warps / SM | spills | barriers (plain) | loads (bits: count) | stores (bits: count) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| kernel | dtype | bits | elements a program | bytes / element | instructions / element | budget | "
+             "predicted share of copy | registers | warps / SM | spills | barriers (plain) | loads (bits: count) | "
+             "stores (bits: count) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         if r.sass is None:
-            lines.append(f"| {r.kernel} | {r.dtype} | {r.bits} | | {r.error[:80]} | | | | | | | | |")
+            lines.append(f"| {r.kernel} | {r.dtype} | {r.bits} | {r.elements_per_program} | | {r.error[:80]} "
+                         "| | | | | | | | |")
             continue
         plain = r.plain or r.sass
         widths = lambda counts: ", ".join(f"{w}: {n}" for w, n in sorted(counts.items(), key=lambda i: int(i[0])))  # noqa: E731
         lines.append(
-            f"| {r.kernel} | {r.dtype} | {r.bits} | {r.bytes_per_element:.2f} | {r.instructions_per_element:.1f} | "
+            f"| {r.kernel} | {r.dtype} | {r.bits} | {r.elements_per_program} | {r.bytes_per_element:.2f} | "
+            f"{r.instructions_per_element:.1f} | "
             f"{r.budget:.0f} | {100 * r.predicted_share:.0f}% | {r.sass.registers} | {r.resident_warps} | {r.sass.spills} | "
             f"{plain.barriers} | {widths(plain.global_loads)} | {widths(plain.global_stores)} |")
     return "\n".join(lines)

@@ -28,14 +28,10 @@ import torch
 from . import format as fmt
 from .launches import launch
 from .noise import noise_source
+from .program_sizes import elements_in_a_program
 from .triton_decode import decode_chunked_kernel, decode_features_kernel, pack_mask_kernel, unpack_mask_kernel
 from .triton_encode import encode_chunked_kernel, encode_features_kernel, noise_kernel
 
-# Elements a program holds (4 warps): as many as registers take without spilling, so
-# that a program's fixed costs (the key, the per-group reciprocals, the plain-path test)
-# weigh least. 16-bit inputs fit 128 a thread below 8 bits (64 features of a 256-token block,
-# feature-major); fp32 and 8-bit codes, 64.
-ELEMENTS_PER_PROGRAM = {"narrow": 16384, "wide": 8192}
 MASK_WORDS = 128  # 4096 mask elements a program
 WARPS = 4
 _INT32_LIMIT = 2**31
@@ -83,17 +79,8 @@ def block_shape(group_size: int, rows_needed: int, itemsize: int, bits: int, *, 
     """The shape for ``rows_needed`` groups (feature-major: features) in all of ``itemsize``-byte
     elements at ``bits``: a program holds no more rows than that (rounded up to a power of
     two), so a small tensor is not padded to a program's worth."""
-    size = ELEMENTS_PER_PROGRAM[program_kind(itemsize, bits, feature_major=feature_major, decoding=decoding)]
+    size = elements_in_a_program(itemsize, bits, feature_major=feature_major, decoding=decoding)
     return _block_shape(group_size, _capped_power_of_2(rows_needed, size), size)
-
-
-def program_kind(itemsize: int, bits: int, *, feature_major: bool = False, decoding: bool = False) -> str:
-    """Which of ``ELEMENTS_PER_PROGRAM`` a kernel takes: "narrow" for 16-bit elements below 8
-    bits or feature-major, else "wide". The contiguous decode takes "wide" whatever it
-    writes: it holds fp32 values a thread (64 elements)."""
-    if decoding and not feature_major:
-        itemsize = 4
-    return "narrow" if itemsize == 2 and (bits < 8 or feature_major) else "wide"
 
 
 @functools.lru_cache(maxsize=1024)
@@ -102,21 +89,6 @@ def _block_shape(group_size: int, rows_needed: int, per_program: int) -> Shape:
     chunks = _next_power_of_2(group_size // 16)
     rows = min(rows_needed, max(1, per_program // (16 * chunks)))
     return Shape(chunks, rows, max(1, min(rows, 512 // (16 * chunks))), WARPS)
-
-
-@contextlib.contextmanager
-def elements_per_program(narrow: int, wide: int):
-    """Launch with ``narrow`` (16-bit inputs) and ``wide`` elements a program inside the
-    block: a knob for the GPU suite's sweep of block sizes, not for training."""
-    for size in (narrow, wide):
-        if size < 256 or size & (size - 1):
-            raise ValueError(f"elements a program must be a power of two of at least 256, not {size}")
-    saved = dict(ELEMENTS_PER_PROGRAM)
-    ELEMENTS_PER_PROGRAM.update(narrow=narrow, wide=wide)
-    try:
-        yield
-    finally:
-        ELEMENTS_PER_PROGRAM.update(saved)
 
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # as Triton reads it: once, at import

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from gact_fx.bench import gpu_suite, pytest_shards
-from gact_fx.runtime import triton_kernels as tk
 from gact_fx.cli import main as cli
+from gact_fx.runtime.program_sizes import own_sizes_text
 
 SLOW_TESTS = """
 import time
@@ -134,38 +134,45 @@ def test_a_dry_run_reports_every_part_even_when_one_outlives_its_limit(tmp_path)
     assert f"| float32 | 2 | {swept} |" in text and "| float32 | 2 | own |" in text
     assert "triton_op probe: not run: needs a CUDA GPU" in text
     assert all(row["seconds"] > 0 for row in models["rows"] if row["error"] is None)
-    own = (tk.ELEMENTS_PER_PROGRAM["narrow"], tk.ELEMENTS_PER_PROGRAM["wide"])
     assert models["program"] is None  # the models run at the kernels' own sizes, as training does
-    fastest = "/".join(map(str, gpu_suite.fastest_program(kernels["rows"], own)))
-    assert f"Fastest elements a program on these tensors (16-bit inputs/the others): {fastest};" in text
+    assert all(r["elements"] for r in kernels["rows"] if r["bits"] != "copy")  # each row names its kernel's size
+    assert kernels["own_elements"] == own_sizes_text()
+    fastest = gpu_suite.fastest_elements_text(kernels["rows"])
+    assert f"(16-bit inputs below 8 bits or feature-major / the rest): {fastest}; the kernels' own: {own_sizes_text()}" in text
     assert cli(["bench", "--report-only", "--out", str(out), "--markdown", str(tmp_path / "B.md")]) == 0
     report = (tmp_path / "B.md").read_text()
     assert "## GPU suite" in report and "| llama-like | torch.compile |" in report
     assert "No section below was measured on a GPU" in report  # this one ran on the CPU
 
 
-def _row(dtype, bits, op, gbps, program=None, graph_gbps=None):
-    return dict(dtype=dtype, bits=bits, lowering="op", op=op, gbps=gbps, program=program, graph_gbps=graph_gbps)
+def _row(dtype, bits, op, gbps, elements, graph_gbps=None, program="swept"):
+    return dict(dtype=dtype, bits=bits, lowering="op", op=op, gbps=gbps, program=program, elements=elements,
+                graph_gbps=graph_gbps)
 
 
 def test_the_fastest_block_sizes_from_the_kernel_rows():
-    rows = [_row("bfloat16", "copy", "copy, new tensor", 3000.0)]
-    speeds = {None: (500.0, 500.0, 1500.0), "8192/4096": (900.0, 500.0, 1400.0), "4096/2048": (800.0, 2000.0, 1300.0)}
-    for program, (bf16_quantize, bf16_dequantize, fp32) in speeds.items():
+    rows = [dict(dtype="bfloat16", bits="copy", lowering="-", op="copy, new tensor", gbps=3000.0, program=None)]
+    speeds = {8192: (500.0, 500.0, 1500.0), 4096: (900.0, 500.0, 1400.0), 2048: (800.0, 2000.0, 1300.0)}
+    for elements, (bf16_quantize, bf16_dequantize, fp32) in speeds.items():
         for bits in (4, 2):
-            rows += [_row("bfloat16", bits, "quantize", bf16_quantize, program),
-                     _row("bfloat16", bits, "dequantize", bf16_dequantize, program)]
-            rows += [_row("float32", bits, "quantize", fp32, program), _row("float32", bits, "dequantize", fp32, program)]
-    rows.append(_row("bfloat16", 8, "quantize", 1.0))  # a cell only the kernels' own sizes measured: not compared
-    # each size from the ops that take it: 16-bit quantize the narrow one; fp32 and the
-    # contiguous decode of any dtype (it holds fp32 values) the wide one
-    assert gpu_suite.fastest_program(rows, (16384, 8192)) == (8192, 2048)
+            rows += [_row("bfloat16", bits, "quantize", bf16_quantize, elements),
+                     _row("bfloat16", bits, "dequantize", bf16_dequantize, elements),
+                     _row("float32", bits, "quantize", fp32, elements)]
+    rows.append(_row("bfloat16", 8, "quantize", 1e6, 8192))  # a cell only one size measured: not compared
+    rows.append(_row("float32", 2, "dequantize", 1e6, 2048))  # a kernel measured at one size: left out
+    # each kernel by its kind: a 16-bit quantize below 8 bits narrow, fp32 wide; a contiguous
+    # decode wide whatever it writes (it holds fp32 values), so both dtypes' rows count for it
+    fastest = gpu_suite.fastest_elements(rows)
+    assert fastest == {("quantize", "narrow"): 4096, ("dequantize", "wide"): 2048, ("quantize", "wide"): 8192}
     # a CUDA-graph replay's speed, where there is one, decides over the eager call's
-    rows.append(_row("float32", 2, "quantize", 1.0, "8192/4096", graph_gbps=1e6))
-    assert gpu_suite.fastest_program(rows, (16384, 8192)) == (8192, 4096)
-    # nothing to compare: the kernels' own
-    own_only = [r for r in rows if r["program"] is None]
-    assert gpu_suite.fastest_program(own_only, (16384, 8192)) == (16384, 8192)
+    rows.append(_row("float32", 2, "quantize", 1.0, 2048, graph_gbps=1e6))
+    assert gpu_suite.fastest_elements(rows)[("quantize", "wide")] == 2048
+    assert gpu_suite.fastest_elements_text(rows).startswith("quantize 4096/2048, dequantize 2048, quantize, feature groups -/-")
+    # a row made before rows named their size: its sweep's size for that kernel
+    older = _row("bfloat16", 2, "quantize", 1.0, None, program="4096/2048")
+    assert gpu_suite._row_elements(older) == 4096
+    assert gpu_suite._row_elements(dict(older, op="dequantize")) == 2048  # the decode holds fp32 values
+    assert gpu_suite._row_elements(dict(older, program=None)) is None  # the kernels' own then: not known now
 
 
 def test_the_triton_op_probe_reports_what_it_found():

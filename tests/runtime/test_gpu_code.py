@@ -140,16 +140,32 @@ def test_the_size_of_a_program_reaches_every_launch_the_block_size_table_compile
     import torch
 
     from gact_fx.bench.static_kernels import _elements, record_launches
-    from gact_fx.runtime.triton_kernels import ELEMENTS_PER_PROGRAM, elements_per_program
+    from gact_fx.runtime.program_sizes import elements_per_program
 
-    default = dict(ELEMENTS_PER_PROGRAM)
+    own = record_launches((torch.bfloat16, torch.float32), (2, 8))
     for size in (2048, 4096):
         with elements_per_program(size, size):
             launches = record_launches((torch.bfloat16, torch.float32), (2, 8))
         kernels = {what for what, _, _ in launches.values() if "mask" not in what}
         assert len(kernels) == 8  # (quantize, dequantize, each plain and dithered) x (contiguous, feature)
         assert {_elements(launch) for launch, (what, _, _) in launches.items() if "mask" not in what} == {size}
-    assert ELEMENTS_PER_PROGRAM == default
+    assert record_launches((torch.bfloat16, torch.float32), (2, 8)) == own  # the kernels' own sizes again
+
+
+def test_each_kernel_launches_at_its_own_size():
+    import torch
+
+    from gact_fx.bench.static_kernels import _elements, record_launches
+    from gact_fx.runtime.program_sizes import OWN_ELEMENTS_PER_PROGRAM, program_kind
+
+    seen = {}
+    for launch, (what, dtype, bits) in record_launches((torch.bfloat16, torch.float32), (2, 8)).items():
+        if "mask" not in what:
+            role = what.removesuffix(", dithered")
+            kind = program_kind(4 if dtype == "float32" else 2, bits, feature_major="feature groups" in role,
+                                decoding=role.startswith("dequantize"))
+            seen.setdefault((role, kind), set()).add(_elements(launch))
+    assert seen == {kernel: {size} for kernel, size in OWN_ELEMENTS_PER_PROGRAM.items()}
 
 
 WARM_CACHE_SCRIPT = STAND_IN_H100 + r"""

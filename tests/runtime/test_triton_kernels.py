@@ -5,6 +5,7 @@ set by ``tests/conftest.py`` before anything imports Triton). With a GPU they ru
 compiled on CUDA. Skipped, with the reason, when Triton is absent.
 """
 
+import functools
 import importlib.util
 import os
 
@@ -22,7 +23,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from gact_fx.runtime import format as fmt  # noqa: E402
-from gact_fx.runtime import noise  # noqa: E402
+from gact_fx.runtime import noise, program_sizes  # noqa: E402
 from gact_fx.runtime import triton_kernels as tk  # noqa: E402
 from gact_fx.runtime.reference import dequantize_reference, quantize_reference  # noqa: E402
 from gact_fx.runtime.triton_common import round_to  # noqa: E402
@@ -196,16 +197,18 @@ def test_any_block_size_writes_the_same_blob(dtype):
     matrix = sample(GROUP * 3 * 8, dtype, seed=3).view(GROUP * 3, 8)  # feature-major: 8 features, 3 groups each
     key = noise.key_of(11, 12, device=DEVICE)
     own = tk.quantize(x, 2, GROUP, key=key), tk.quantize_transposed(matrix, 2, GROUP, key=key)
-    before = dict(tk.ELEMENTS_PER_PROGRAM)
-    with tk.elements_per_program(256, 256):
+    size = functools.partial(program_sizes.elements_in_a_program, 2, 2)
+    before = size(), size(decoding=True)
+    with program_sizes.elements_per_program(256, 256):
+        assert (size(), size(decoding=True)) == (256, 256)
         small = tk.quantize(x, 2, GROUP, key=key), tk.quantize_transposed(matrix, 2, GROUP, key=key)
         decoded = tk.dequantize(own[0], x.numel(), dtype, GROUP)
-    assert tk.ELEMENTS_PER_PROGRAM == before != {"narrow": 256, "wide": 256}  # restored on leaving
+    assert (size(), size(decoding=True)) == before != (256, 256)  # restored on leaving
     assert torch.equal(small[0], reference_blob(x, 2, GROUP, key)) and torch.equal(small[0], own[0])
     assert torch.equal(small[1], own[1])
     assert torch.equal(decoded, dequantize_reference(own[0], x.numel(), dtype, GROUP))
     with pytest.raises(ValueError, match="power of two of at least 256"):
-        with tk.elements_per_program(1000, 256):
+        with program_sizes.elements_per_program(1000, 256):
             pass
 
 
