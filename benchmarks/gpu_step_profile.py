@@ -86,7 +86,7 @@ def markdown(result: dict) -> str:
     own = result.get("own_elements", "-")
     lines = [f"The Llama-like model of the GPU suite, batch {result.get('batch', '?')}, bf16 autocast. Steps at "
              f"{program} elements a program (16-bit inputs/the others), and for gact also at the kernels' own "
-             f"({own}; 16-bit/fp32) in the same process; device and host time a step from the profiler (three steps).\n",
+             f"({own}; narrow/wide) in the same process; device and host time a step from the profiler (three steps).\n",
              f"| method | step ms at {program} | step ms at own | device ms a step | host ms a step "
              "| kernel launches a step |", "| --- | --- | --- | --- | --- | --- |"]
     for name, row in result["profile"].items():

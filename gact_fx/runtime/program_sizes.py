@@ -15,8 +15,8 @@ import contextlib
 # takes fewer registers, so an SM holds more programs to hide a load's latency, but pays its
 # fixed costs (the key, the plain-path test, each group's reciprocal) over fewer elements:
 # the contiguous decode, with few such costs, runs fastest small. (The contiguous quantize
-# ran faster at 8192 narrow and 4096 wide, but there its 16-bit 3-bit plain path takes
-# 24.2 instructions an element, and its fp32 1-bit spills.)
+# ran faster at 8192 narrow and 4096 wide, but there its 16-bit 3-bit plain path exceeds
+# the budget and its fp32 1-bit spills: docs/gpu.md.)
 OWN_ELEMENTS_PER_PROGRAM = {
     ("quantize", "narrow"): 16384, ("quantize", "wide"): 8192,
     ("dequantize", "wide"): 2048,
