@@ -234,11 +234,9 @@ def run_part(part: str, out: pathlib.Path, seconds: float, *, device: str, scale
 
 def _row_kernel(row: dict) -> tuple[str, str]:
     """A kernel-table row's kernel as ``OWN_ELEMENTS_PER_PROGRAM`` keys it: (op, ``program_kind``)."""
-    from ..runtime.program_sizes import program_kind
+    from ..runtime.program_sizes import program_kind, role_flags
 
-    kind = program_kind(4 if row["dtype"] == "float32" else 2, row["bits"], feature_major="feature groups" in row["op"],
-                        decoding=row["op"].startswith("dequantize"))
-    return row["op"], kind
+    return row["op"], program_kind(4 if row["dtype"] == "float32" else 2, row["bits"], **role_flags(row["op"]))
 
 
 def _row_elements(row: dict) -> int | None:
@@ -281,12 +279,9 @@ def fastest_elements(rows: list[dict]) -> dict[tuple[str, str], int]:
 def fastest_elements_text(rows: list[dict]) -> str:
     """``fastest_elements`` in the order and shape of ``program_sizes.own_sizes_text`` ("-"
     where nothing compared)."""
-    from ..runtime.program_sizes import OWN_ELEMENTS_PER_PROGRAM
+    from ..runtime.program_sizes import sizes_text
 
-    fastest = fastest_elements(rows)
-    roles = dict.fromkeys(role for role, _ in OWN_ELEMENTS_PER_PROGRAM)
-    return ", ".join(f"{role} " + "/".join(str(fastest.get((role, kind), "-")) for kind in ("narrow", "wide")
-                                           if (role, kind) in OWN_ELEMENTS_PER_PROGRAM) for role in roles)
+    return sizes_text(fastest_elements(rows))
 
 
 # -- the parts, each in its own process -------------------------------------------------------

@@ -25,7 +25,7 @@ import torch
 from ..runtime import aten_codec
 from ..runtime import format as fmt
 from ..runtime import ops  # noqa: F401  (registers torch.ops.gact)
-from ..runtime.program_sizes import elements_in_a_program, elements_per_program
+from ..runtime.program_sizes import elements_in_a_program, elements_per_program, role_flags
 from ..runtime.registry import SlotRegistry
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -140,8 +140,7 @@ def _kernel_table(device, numel, repeats, dtypes, widths, lowerings, progress, s
                 gbps = (raw + blob_bytes) / median_seconds(fn, device, repeats) / 1e9
                 replayed = graph_seconds(fn, repeats) if device == "cuda" else None
                 graph_gbps = None if replayed is None else (raw + blob_bytes) / replayed / 1e9
-                elements = None if lowering != "op" else elements_in_a_program(
-                    x.element_size(), bits, feature_major="feature groups" in op, decoding=op.startswith("dequantize"))
+                elements = elements_in_a_program(x.element_size(), bits, **role_flags(op)) if lowering == "op" else None
                 rows.append(dict(dtype=str(dtype)[6:], bits=bits, lowering=lowering, op=op, gbps=gbps, of_copy=gbps / copy_gbps,
                                  program=program, elements=elements, graph_gbps=graph_gbps))
                 progress(rows[-1])

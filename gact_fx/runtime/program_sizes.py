@@ -58,6 +58,11 @@ def kernel_role(*, feature_major: bool, decoding: bool) -> str:
     return ("dequantize" if decoding else "quantize") + (", feature groups" if feature_major else "")
 
 
+def role_flags(role: str) -> dict[str, bool]:
+    """``kernel_role``'s arguments back from its name (a bench row's op)."""
+    return {"feature_major": "feature groups" in role, "decoding": role.startswith("dequantize")}
+
+
 def elements_in_a_program(itemsize: int, bits: int, *, feature_major: bool = False, decoding: bool = False) -> int:
     """Elements a program of this kernel holds: its own (``OWN_ELEMENTS_PER_PROGRAM``), or inside
     ``elements_per_program`` the size given for its ``program_kind``."""
@@ -67,8 +72,14 @@ def elements_in_a_program(itemsize: int, bits: int, *, feature_major: bool = Fal
     return OWN_ELEMENTS_PER_PROGRAM[kernel_role(feature_major=feature_major, decoding=decoding), kind]
 
 
-def own_sizes_text() -> str:
-    """``OWN_ELEMENTS_PER_PROGRAM`` in a line, each kernel's narrow/wide sizes ("quantize 16384/8192, ...")."""
+def sizes_text(sizes: dict[tuple[str, str], int]) -> str:
+    """Sizes keyed as ``OWN_ELEMENTS_PER_PROGRAM`` in a line, in its order, each kernel's
+    narrow/wide ("quantize 16384/8192, dequantize 2048, ..."; "-" where ``sizes`` has none)."""
     roles = dict.fromkeys(role for role, _ in OWN_ELEMENTS_PER_PROGRAM)
-    return ", ".join(f"{role} " + "/".join(str(OWN_ELEMENTS_PER_PROGRAM[role, kind]) for kind in ("narrow", "wide")
+    return ", ".join(f"{role} " + "/".join(str(sizes.get((role, kind), "-")) for kind in ("narrow", "wide")
                                            if (role, kind) in OWN_ELEMENTS_PER_PROGRAM) for role in roles)
+
+
+def own_sizes_text() -> str:
+    """``OWN_ELEMENTS_PER_PROGRAM`` in a line (``sizes_text``)."""
+    return sizes_text(OWN_ELEMENTS_PER_PROGRAM)

@@ -156,14 +156,13 @@ def test_each_kernel_launches_at_its_own_size():
     import torch
 
     from gact_fx.bench.static_kernels import _elements, record_launches
-    from gact_fx.runtime.program_sizes import OWN_ELEMENTS_PER_PROGRAM, program_kind
+    from gact_fx.runtime.program_sizes import OWN_ELEMENTS_PER_PROGRAM, program_kind, role_flags
 
     seen = {}
     for launch, (what, dtype, bits) in record_launches((torch.bfloat16, torch.float32), (2, 8)).items():
         if "mask" not in what:
             role = what.removesuffix(", dithered")
-            kind = program_kind(4 if dtype == "float32" else 2, bits, feature_major="feature groups" in role,
-                                decoding=role.startswith("dequantize"))
+            kind = program_kind(4 if dtype == "float32" else 2, bits, **role_flags(role))
             seen.setdefault((role, kind), set()).add(_elements(launch))
     assert seen == {kernel: {size} for kernel, size in OWN_ELEMENTS_PER_PROGRAM.items()}
 
