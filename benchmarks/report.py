@@ -276,8 +276,9 @@ TABLE_FILES = {
                             "100%: the instruction count is not what holds them back. Read the warps an SM "
                             "holds beside it. Each kernel at its own elements a program "
                             "(runtime/program_sizes.py, in the table): since 2026-11-29 the contiguous decode "
-                            "at 2048, the size the second GPU run's sweep found fastest for it (8192 before); "
-                            "the other kernels as before."),
+                            "at 2048 (8192 before) and the contiguous quantize of 16-bit "
+                            "inputs at 8192 (16384 before), each the size the GPU runs' sweeps found fastest "
+                            "where every width stays within budget; the feature-major kernels as before."),
     "static_kernels_block_sizes.json": ("GPU kernels, static: the size of a program",
                                         "`python benchmarks/static_kernels.py --block-sizes 2048 4096 8192 16384`: "
                                         "the quantize and dequantize kernels at 2 and 4 bits, compiled at each size. "

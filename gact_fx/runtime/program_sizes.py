@@ -15,10 +15,10 @@ import contextlib
 # takes fewer registers, so an SM holds more programs to hide a load's latency, but pays its
 # fixed costs (the key, the plain-path test, each group's reciprocal) over fewer elements:
 # the contiguous decode, with few such costs, runs fastest small. (The contiguous quantize
-# ran faster at 8192 narrow and 4096 wide, but there its 16-bit 3-bit plain path exceeds
-# the budget and its fp32 1-bit spills: docs/gpu.md.)
+# ran fastest at 4096 elements, narrow and wide, but there its 16-bit plain path exceeds the
+# budget and its fp32 1-bit spills: docs/gpu.md.)
 OWN_ELEMENTS_PER_PROGRAM = {
-    ("quantize", "narrow"): 16384, ("quantize", "wide"): 8192,
+    ("quantize", "narrow"): 8192, ("quantize", "wide"): 8192,
     ("dequantize", "wide"): 2048,
     ("quantize, feature groups", "narrow"): 16384, ("quantize, feature groups", "wide"): 8192,
     ("dequantize, feature groups", "narrow"): 16384, ("dequantize, feature groups", "wide"): 8192,

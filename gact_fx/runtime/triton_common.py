@@ -273,6 +273,17 @@ def finish_blob(blob_ptr, start, nbytes, k0, k1, KEYED: tl.constexpr):
 
 
 @triton.jit
+def widen(x):
+    """``x`` as float32. A bfloat16's float32 is its bits shifted up, one instruction an
+    element, where Triton's conversion takes three a pair."""
+    if x.dtype == tl.bfloat16:
+        result = (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    else:
+        result = x.to(tl.float32)
+    return result
+
+
+@triton.jit
 def min_nan(a, b):
     return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
 

@@ -27,7 +27,7 @@ import triton.language as tl
 from .triton_common import (
     BFLOAT16_LOWEST, HALF_MAX, advance_counter, bfloat16_ceil, bfloat16_floor, bfloat16_floor_finite, call_key,
     call_mix, chunk_pair_hash, chunk_pair_products, finish_blob, halves_noise, max_nan, min_nan, mul, program_features,
-    program_groups, scale_factor, store_group_words, uniform, uniform_of,
+    program_groups, scale_factor, store_group_words, uniform, uniform_of, widen,
 )
 
 SMALLEST_PLAIN_SCALE = tl.constexpr(2.0**-125)  # scale / 2 still normal: the rounding bounds hold
@@ -298,8 +298,8 @@ def encode_chunked_kernel(
     mixed_key = call_mix(k0, k1)
     g1 = program_groups(0, BLOCK, BLOCK, WIDE)
     xa, xb, live = _load_halves(x_ptr, g1, numel, num_groups, GROUP, CHUNKS, PARTIAL)
-    xa = xa.to(tl.float32)
-    xb = xb.to(tl.float32)
+    xa = widen(xa)
+    xb = widen(xb)
     low = reduce_min_nan(xa, xb, INTERPRETED)
     high = reduce_max_nan(xa, xb, INTERPRETED)
     low, half, half_scale, plain = _scale_and_plain(low, high, DTYPE_MAX, LEVELS, x_ptr.dtype.element_ty == tl.float32)
@@ -359,7 +359,7 @@ def encode_features_kernel(
     low = tl.full([BLOCK, CHUNKS], float("inf"), tl.float32)
     high = tl.full([BLOCK, CHUNKS], float("-inf"), tl.float32)
     for offset in tl.static_range(16):
-        x = _feature_tokens(x_ptr, features, token_block, row_stride, offset, GROUP, CHUNKS).to(tl.float32)
+        x = widen(_feature_tokens(x_ptr, features, token_block, row_stride, offset, GROUP, CHUNKS))
         low = min_nan(low, x)
         high = max_nan(high, x)
     low = nan_min(low, 1, INTERPRETED)
@@ -381,8 +381,8 @@ def encode_features_kernel(
         keep = live & (chunk < GROUP // 16)
         for j in tl.static_range(8):
             h = chunk_pair_hash(product0, j, mixed_key)
-            xa = _feature_tokens(x_ptr, features, token_block, row_stride, j, GROUP, CHUNKS).to(tl.float32)
-            xb = _feature_tokens(x_ptr, features, token_block, row_stride, j + 8, GROUP, CHUNKS).to(tl.float32)
+            xa = widen(_feature_tokens(x_ptr, features, token_block, row_stride, j, GROUP, CHUNKS))
+            xb = widen(_feature_tokens(x_ptr, features, token_block, row_stride, j + 8, GROUP, CHUNKS))
             ca = (mul(_half_distance(xa, half_low, FP32), inverse) + uniform_of(h)).to(tl.int32)
             cb = (mul(_half_distance(xb, half_low, FP32), inverse) + uniform_of(h >> 16)).to(tl.int32)
             if BITS == 8:  # bytes 0-3 of each half in one word, bytes 4-7 in another

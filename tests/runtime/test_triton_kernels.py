@@ -47,7 +47,7 @@ def reference_blob(x, bits, group_size, key, dithered=False):
 
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
-@pytest.mark.parametrize("numel", [1, 100, 257])
+@pytest.mark.parametrize("numel", [1, 100, 257, 10 * GROUP])  # the last: whole groups only
 def test_blobs_are_bit_identical_to_the_reference(dtype, bits, numel):
     x = sample(numel, dtype)
     key = noise.key_of(1234, 99, device=DEVICE)
